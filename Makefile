@@ -1,0 +1,28 @@
+# ratelimit: PGXS build. The Lua scripts in lua/ are embedded in the library at build time.
+
+EXTENSION = ratelimit
+MODULE_big = ratelimit
+DATA = $(wildcard ratelimit--*.sql)
+OBJS = src/ratelimit.o src/decision.o src/policy.o src/subject.o \
+       src/bucket.o src/redis.o src/redis_url.o
+SHLIB_LINK = -lhiredis
+PG_CPPFLAGS = -I$(srcdir)/src
+PG_CFLAGS = -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers
+
+# pg_regress runs against a private server with the library preloaded; dev/run-tests
+# writes the settings file (it names the Redis that the tests start).
+REGRESS = setup policy errors consume enforce subjects settings failure privileges
+REGRESS_CONF ?= $(srcdir)/dev/regress.conf
+REGRESS_OPTS = --temp-instance=$(CURDIR)/tmp_regress --temp-config=$(REGRESS_CONF)
+
+EXTRA_CLEAN = src/scripts.h tmp_regress tmp_check results regression.diffs regression.out
+
+PG_CONFIG ?= pg_config
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)
+
+# Each lua/NAME.lua becomes a C string constant script_NAME in src/scripts.h.
+src/scripts.h: $(wildcard lua/*.lua) dev/embed-lua
+	$(srcdir)/dev/embed-lua $(sort $(wildcard $(srcdir)/lua/*.lua)) > $@.tmp && mv $@.tmp $@
+
+src/redis.o src/decision.o: src/scripts.h

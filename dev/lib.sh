@@ -1,0 +1,107 @@
+# Shared by dev/run-example, dev/run-tests and bench/run: install what the project needs,
+# build it, and start scratch PostgreSQL and Redis servers on loopback.
+# Source it from bash; every function prefixed rl_.
+
+set -euo pipefail
+
+RL_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+RL_PG_VERSION=15
+RL_PG_BIN=/usr/lib/postgresql/$RL_PG_VERSION/bin
+RL_PG_CONFIG=$RL_PG_BIN/pg_config
+# The unprivileged user that runs the servers and tests (PostgreSQL refuses root).
+RL_USER=${RL_USER:-postgres}
+RL_PACKAGES="make gcc libc6-dev postgresql-$RL_PG_VERSION postgresql-server-dev-$RL_PG_VERSION
+  postgresql-contrib libhiredis-dev redis-server redis-tools libipc-run-perl perl"
+export PATH="$RL_PG_BIN:$PATH"
+
+rl_log() { printf '\n=== %s\n' "$*"; }
+
+# Installs the Debian packages that are missing (needs root).
+rl_install_packages() {
+	local missing=()
+	for package in $RL_PACKAGES; do
+		dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'ok installed' ||
+			missing+=("$package")
+	done
+	if [ ${#missing[@]} -gt 0 ]; then
+		rl_log "installing ${missing[*]}"
+		apt-get update -qq
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			"${missing[@]}" >/dev/null
+	fi
+	# The Debian package starts a system Redis where it can; ours are private, so leave it be.
+}
+
+# Builds with warnings as errors (and assertions in our code) and installs the extension.
+rl_build_install() {
+	rl_log "building and installing ratelimit"
+	make -C "$RL_ROOT" -s clean >/dev/null
+	make -C "$RL_ROOT" -s PG_CONFIG="$RL_PG_CONFIG" \
+		PG_CFLAGS="-std=gnu11 -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers ${RL_EXTRA_CFLAGS:-}"
+	make -C "$RL_ROOT" -s PG_CONFIG="$RL_PG_CONFIG" install >/dev/null
+}
+
+# Runs a command as the unprivileged user (as is, when not root).
+rl_as_user() {
+	if [ "$(id -u)" = 0 ]; then
+		runuser -u "$RL_USER" -- env PATH="$PATH" "$@"
+	else
+		"$@"
+	fi
+}
+
+# Makes a scratch directory the unprivileged user owns; prints its path.
+rl_scratch_dir() {
+	local dir
+	dir=$(mktemp -d "${TMPDIR:-/tmp}/ratelimit-$1.XXXXXX")
+	chmod 755 "$dir"
+	[ "$(id -u)" = 0 ] && chown "$RL_USER" "$dir"
+	echo "$dir"
+}
+
+# Prints a TCP port that is free on 127.0.0.1.
+rl_free_port() {
+	perl -MIO::Socket::INET -e \
+		'print IO::Socket::INET->new(Listen => 1, LocalAddr => "127.0.0.1", LocalPort => 0)->sockport'
+}
+
+# Starts a private redis-server on 127.0.0.1:PORT with its socket in DIR/redis.sock.
+rl_start_redis() {
+	local dir=$1 port=$2
+	rl_as_user redis-server --port "$port" --bind 127.0.0.1 --unixsocket "$dir/redis.sock" \
+		--unixsocketperm 777 --dir "$dir" --save '' --appendonly no --daemonize yes \
+		--pidfile "$dir/redis.pid" --logfile "$dir/redis.log"
+	for _ in $(seq 50); do
+		redis-cli -p "$port" ping >/dev/null 2>&1 && return 0
+		sleep 0.1
+	done
+	echo "redis-server did not start; see $dir/redis.log" >&2
+	return 1
+}
+
+rl_stop_redis() {
+	local dir=$1
+	[ -f "$dir/redis.pid" ] && kill "$(cat "$dir/redis.pid")" 2>/dev/null || true
+}
+
+# Creates and starts a PostgreSQL cluster in DIR/pg, on a socket in DIR and PORT,
+# with ratelimit preloaded; extra settings come as further arguments (lines of
+# postgresql.conf).
+rl_start_postgres() {
+	local dir=$1 port=$2
+	shift 2
+	rl_as_user initdb -D "$dir/pg" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >/dev/null
+	{
+		echo "listen_addresses = ''"
+		echo "unix_socket_directories = '$dir'"
+		echo "port = $port"
+		echo "shared_preload_libraries = 'ratelimit'"
+		for line in "$@"; do echo "$line"; done
+	} | rl_as_user tee -a "$dir/pg/postgresql.conf" >/dev/null
+	rl_as_user pg_ctl -D "$dir/pg" -l "$dir/postgres.log" -w start >/dev/null
+}
+
+rl_stop_postgres() {
+	local dir=$1
+	[ -d "$dir/pg" ] && rl_as_user pg_ctl -D "$dir/pg" -m fast -w stop >/dev/null 2>&1 || true
+}

@@ -1,0 +1,122 @@
+-- ratelimit 0.1.0: policies as rows, decisions from a token bucket in Redis.
+\echo Use "CREATE EXTENSION ratelimit" to load this file. \quit
+
+-- Milliseconds in an interval without a month part (months have no fixed length).
+-- A SQL-standard body is bound when created, so search_path cannot redirect it.
+CREATE FUNCTION @extschema@.rl_interval_ms(period interval) RETURNS numeric
+IMMUTABLE STRICT PARALLEL SAFE LANGUAGE sql
+RETURN extract(epoch FROM period) * 1000;
+
+-- True when an interval is a whole, positive number of milliseconds with no month part.
+CREATE FUNCTION @extschema@.rl_interval_is_whole_ms(period interval) RETURNS boolean
+IMMUTABLE STRICT PARALLEL SAFE LANGUAGE sql
+RETURN extract(month FROM period) = 0 AND extract(year FROM period) = 0
+   AND @extschema@.rl_interval_ms(period) >= 1
+   AND @extschema@.rl_interval_ms(period) = trunc(@extschema@.rl_interval_ms(period));
+
+-- True when the bucket's integer arithmetic stays exact in Redis's Lua (doubles):
+-- with g = gcd(refill_amount, period_ms), capacity * period_ms / g + refill_amount / g
+-- must stay below 2^53. bucket.c checks the same bound.
+CREATE FUNCTION @extschema@.rl_bucket_is_exact(capacity bigint, refill_amount bigint, refill_period interval)
+RETURNS boolean IMMUTABLE STRICT PARALLEL SAFE LANGUAGE sql
+RETURN capacity::numeric * (@extschema@.rl_interval_ms(refill_period)
+                            / gcd(refill_amount::numeric, @extschema@.rl_interval_ms(refill_period)))
+       + refill_amount / gcd(refill_amount::numeric, @extschema@.rl_interval_ms(refill_period))
+       < 2::numeric ^ 53;
+
+-- Milliseconds an empty bucket needs to refill completely, rounded up.
+CREATE FUNCTION @extschema@.rl_refill_ms(capacity bigint, refill_amount bigint, refill_period interval)
+RETURNS numeric IMMUTABLE STRICT PARALLEL SAFE LANGUAGE sql
+RETURN ceil(capacity::numeric * @extschema@.rl_interval_ms(refill_period) / refill_amount);
+
+-- Versions come from one sequence, so a version is never reused, not even by a policy
+-- that is dropped and created again.
+CREATE SEQUENCE @extschema@.rl_policy_version_seq AS integer;
+
+CREATE TABLE @extschema@.rl_policy (
+    name          text PRIMARY KEY
+                  CONSTRAINT rl_policy_name_check CHECK (name ~ '^[a-z0-9_.-]{1,63}$'),
+    algorithm     text NOT NULL DEFAULT 'token_bucket'
+                  CONSTRAINT rl_policy_algorithm_check CHECK (algorithm IN ('token_bucket')),
+    capacity      bigint NOT NULL CONSTRAINT rl_policy_capacity_check CHECK (capacity > 0),
+    refill_amount bigint NOT NULL CONSTRAINT rl_policy_refill_amount_check CHECK (refill_amount > 0),
+    refill_period interval NOT NULL
+                  CONSTRAINT rl_policy_refill_period_check
+                  CHECK (@extschema@.rl_interval_is_whole_ms(refill_period)),
+    idle_ttl      interval,
+    fail_mode     text NOT NULL DEFAULT 'closed'
+                  CONSTRAINT rl_policy_fail_mode_check CHECK (fail_mode IN ('open', 'closed', 'local')),
+    version       integer NOT NULL DEFAULT 0,
+    CONSTRAINT rl_policy_idle_ttl_check
+        CHECK (@extschema@.rl_interval_is_whole_ms(idle_ttl)
+               AND @extschema@.rl_interval_ms(idle_ttl)
+                   >= @extschema@.rl_refill_ms(capacity, refill_amount, refill_period)),
+    CONSTRAINT rl_policy_exact_check
+        CHECK (@extschema@.rl_bucket_is_exact(capacity, refill_amount, refill_period))
+);
+
+COMMENT ON TABLE @extschema@.rl_policy IS 'rate limit policies: one row per limit';
+COMMENT ON COLUMN @extschema@.rl_policy.version IS
+    'bumped by the extension when a change alters the meaning of stored bucket state';
+
+-- Sets version: a new one on insert and whenever algorithm, capacity or refill change;
+-- otherwise the old one, whatever the statement said.
+CREATE FUNCTION @extschema@.rl_policy_set_version() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_OP = 'INSERT'
+       OR (NEW.algorithm, NEW.capacity, NEW.refill_amount, NEW.refill_period)
+          IS DISTINCT FROM (OLD.algorithm, OLD.capacity, OLD.refill_amount, OLD.refill_period) THEN
+        NEW.version := nextval('@extschema@.rl_policy_version_seq');
+    ELSE
+        NEW.version := OLD.version;
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER rl_policy_set_version
+    BEFORE INSERT OR UPDATE ON @extschema@.rl_policy
+    FOR EACH ROW EXECUTE FUNCTION @extschema@.rl_policy_set_version();
+
+-- Tells every backend to drop its cached policies when the transaction commits.
+CREATE FUNCTION @extschema@.rl_policy_invalidate() RETURNS trigger
+AS 'MODULE_PATHNAME', 'rl_policy_invalidate' LANGUAGE C;
+
+CREATE TRIGGER rl_policy_invalidate
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON @extschema@.rl_policy
+    FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.rl_policy_invalidate();
+
+-- pg_dump keeps the user's policies and the version counter.
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.rl_policy', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.rl_policy_version_seq', '');
+
+CREATE TYPE @extschema@.rl_decision AS (
+    allowed        boolean,
+    remaining      bigint,
+    capacity       bigint,
+    retry_after_ms bigint,
+    reset_after_ms bigint,
+    policy         text,
+    version        integer,
+    source         text
+);
+
+CREATE FUNCTION @extschema@.rl_consume(policy text, subject text, cost bigint DEFAULT 1)
+RETURNS @extschema@.rl_decision
+AS 'MODULE_PATHNAME', 'rl_consume' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.rl_enforce(policy text, subject text, cost bigint DEFAULT 1)
+RETURNS @extschema@.rl_decision
+AS 'MODULE_PATHNAME', 'rl_enforce' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION @extschema@.rl_consume(text, text, bigint) IS
+    'take cost tokens from the subject''s bucket if they are all there; returns the decision';
+COMMENT ON FUNCTION @extschema@.rl_enforce(text, text, bigint) IS
+    'like rl_consume, but a denial raises SQLSTATE RL429';
+
+-- Spending budget is a privilege: the owner grants it to the roles that need it.
+REVOKE ALL ON FUNCTION @extschema@.rl_consume(text, text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.rl_enforce(text, text, bigint) FROM PUBLIC;
+REVOKE ALL ON @extschema@.rl_policy FROM PUBLIC;
+REVOKE ALL ON SEQUENCE @extschema@.rl_policy_version_seq FROM PUBLIC;

@@ -1,0 +1,192 @@
+/*
+ * decision.c
+ *	  One rate limit decision: checks the arguments, finds the policy, runs the
+ *	  bucket script in Redis, and falls back to the policy's fail mode when Redis
+ *	  cannot answer.
+ */
+#include "ratelimit.h"
+
+#include "access/htup_details.h"
+#include "funcapi.h"
+#include "utils/builtins.h"
+
+#include "decision.h"
+#include "policy.h"
+#include "redis.h"
+#include "scripts.h"
+#include "subject.h"
+
+static RedisScript token_bucket_script = {
+	.name = "token_bucket",
+	.body = script_token_bucket,
+};
+
+/* The Redis health this backend last logged, so a failure is logged once per change. */
+static RedisFailureKind logged_failure = REDIS_FAILURE_NONE;
+static char logged_failure_detail[64];
+
+/* Logs a change of Redis health: a new failure class, or recovery. Never a key or subject. */
+static void
+log_redis_health(const Policy *policy, const RedisFailure *failure)
+{
+	if (failure->kind == logged_failure &&
+		strcmp(failure->detail, logged_failure_detail) == 0)
+		return;
+	if (failure->kind == REDIS_FAILURE_NONE)
+		ereport(LOG,
+				(errmsg("ratelimit: Redis answers again"),
+				 errdetail("Policy \"%s\" was decided by Redis.", policy->name)));
+	else
+		ereport(LOG,
+				(errmsg("ratelimit: Redis cannot answer (%s: %s)",
+						redis_failure_kind_name(failure->kind), failure->detail),
+				 errdetail("Policy \"%s\" decides by its fail mode \"%s\" until Redis answers.",
+						   policy->name, policy_fail_mode_name(policy->fail_mode))));
+	logged_failure = failure->kind;
+	strlcpy(logged_failure_detail, failure->detail, sizeof(logged_failure_detail));
+}
+
+/* Fills decision from the policy's fail mode, for when Redis could not decide. */
+static void
+decide_by_fail_mode(const Policy *policy, Decision *decision)
+{
+	/* 'local' acts as 'closed' until the shared local bucket exists. */
+	if (policy->fail_mode == FAIL_MODE_OPEN)
+	{
+		decision->allowed = true;
+		decision->remaining = 0;
+		decision->retry_after_ms = 0;
+		decision->reset_after_ms = 0;
+		decision->source = DECISION_SOURCE_FAIL_OPEN;
+	}
+	else
+	{
+		decision->allowed = false;
+		decision->remaining = 0;
+		decision->retry_after_ms = DECISION_FAIL_CLOSED_RETRY_MS;
+		decision->reset_after_ms = DECISION_FAIL_CLOSED_RETRY_MS;
+		decision->source = DECISION_SOURCE_FAIL_CLOSED;
+	}
+}
+
+/*
+ * Makes the decision for the (policy, subject, cost) arguments of fcinfo:
+ * raises the contract's errors for bad input, otherwise always decides.
+ */
+void
+decision_make(FunctionCallInfo fcinfo, Decision *decision)
+{
+	text	   *policy_name;
+	text	   *subject;
+	int64		cost;
+	char	   *name;
+	const Policy *policy;
+	StringInfoData key;
+	char		numbers[6][24];
+	const char *args[6];
+	long long	results[4];
+	RedisFailure failure;
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null",
+						PG_ARGISNULL(0) ? "policy" : PG_ARGISNULL(1) ? "subject" : "cost")));
+	policy_name = PG_GETARG_TEXT_PP(0);
+	subject = PG_GETARG_TEXT_PP(1);
+	cost = PG_GETARG_INT64(2);
+
+	name = text_to_cstring(policy_name);
+	policy = policy_lookup(fcinfo->flinfo->fn_oid, name);
+	if (policy == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("rate limit policy \"%s\" does not exist", name)));
+	if (cost <= 0 || cost > policy->bucket.capacity)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("cost must be between 1 and the capacity of policy \"%s\" (" INT64_FORMAT ")",
+						policy->name, policy->bucket.capacity),
+				 errdetail("The cost was " INT64_FORMAT ".", cost)));
+	subject_check(VARDATA_ANY(subject), VARSIZE_ANY_EXHDR(subject));
+
+	memset(decision, 0, sizeof(*decision));
+	strlcpy(decision->policy, policy->name, sizeof(decision->policy));
+	decision->version = policy->version;
+	decision->capacity = policy->bucket.capacity;
+
+	initStringInfo(&key);
+	subject_build_key(&key, policy, VARDATA_ANY(subject), VARSIZE_ANY_EXHDR(subject));
+	snprintf(numbers[0], sizeof(numbers[0]), INT64_FORMAT, policy->bucket.capacity_units);
+	snprintf(numbers[1], sizeof(numbers[1]), INT64_FORMAT, policy->bucket.rate);
+	snprintf(numbers[2], sizeof(numbers[2]), INT64_FORMAT, policy->bucket.unit);
+	snprintf(numbers[3], sizeof(numbers[3]), INT64_FORMAT, cost);
+	snprintf(numbers[4], sizeof(numbers[4]), INT64_FORMAT, policy->bucket.ttl_ms);
+	strlcpy(numbers[5], rl_test_clock_ms ? rl_test_clock_ms : "", sizeof(numbers[5]));
+	for (int i = 0; i < 6; i++)
+		args[i] = numbers[i];
+
+	if (redis_run_script(&token_bucket_script, key.data, 6, args, results, 4, &failure) &&
+		results[1] >= 0 && results[2] >= 0 && results[3] >= 0)
+	{
+		decision->allowed = results[0] == 1;
+		decision->remaining = results[1];
+		decision->retry_after_ms = results[2];
+		decision->reset_after_ms = results[3];
+		decision->source = DECISION_SOURCE_REDIS;
+	}
+	else
+	{
+		if (failure.kind == REDIS_FAILURE_NONE)
+		{
+			failure.kind = REDIS_FAILURE_PROTOCOL;
+			strlcpy(failure.detail, "unexpected reply", sizeof(failure.detail));
+		}
+		decide_by_fail_mode(policy, decision);
+	}
+	log_redis_health(policy, &failure);
+	pfree(key.data);
+	pfree(name);
+}
+
+/* The source column's text. */
+static const char *
+decision_source_name(DecisionSource source)
+{
+	switch (source)
+	{
+		case DECISION_SOURCE_REDIS:
+			return "redis";
+		case DECISION_SOURCE_LOCAL:
+			return "local";
+		case DECISION_SOURCE_FAIL_OPEN:
+			return "fail_open";
+		case DECISION_SOURCE_FAIL_CLOSED:
+			break;
+	}
+	return "fail_closed";
+}
+
+/* Builds the rl_decision composite the calling function returns. */
+Datum
+decision_to_datum(FunctionCallInfo fcinfo, const Decision *decision)
+{
+	TupleDesc	desc;
+	Datum		values[8];
+	bool		nulls[8] = {0};
+
+	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("function returning rl_decision called in a context that cannot accept it")));
+	desc = BlessTupleDesc(desc);
+	values[0] = BoolGetDatum(decision->allowed);
+	values[1] = Int64GetDatum(decision->remaining);
+	values[2] = Int64GetDatum(decision->capacity);
+	values[3] = Int64GetDatum(decision->retry_after_ms);
+	values[4] = Int64GetDatum(decision->reset_after_ms);
+	values[5] = CStringGetTextDatum(decision->policy);
+	values[6] = Int32GetDatum(decision->version);
+	values[7] = CStringGetTextDatum(decision_source_name(decision->source));
+	return HeapTupleGetDatum(heap_form_tuple(desc, values, nulls));
+}

@@ -1,0 +1,37 @@
+/*
+ * decision.h
+ *	  One rate limit decision: a policy, a subject and a cost in; rl_decision out.
+ */
+#ifndef RL_DECISION_H
+#define RL_DECISION_H
+
+#include "fmgr.h"
+
+/* Who made a decision: the rl_decision.source column. */
+typedef enum DecisionSource
+{
+	DECISION_SOURCE_REDIS,
+	DECISION_SOURCE_LOCAL,
+	DECISION_SOURCE_FAIL_OPEN,
+	DECISION_SOURCE_FAIL_CLOSED
+} DecisionSource;
+
+typedef struct Decision
+{
+	bool		allowed;
+	int64		remaining;
+	int64		capacity;
+	int64		retry_after_ms;
+	int64		reset_after_ms;
+	char		policy[NAMEDATALEN];
+	int32		version;
+	DecisionSource source;
+} Decision;
+
+/* How long a fail_closed denial tells the client to wait. */
+#define DECISION_FAIL_CLOSED_RETRY_MS 1000
+
+extern void decision_make(FunctionCallInfo fcinfo, Decision *decision);
+extern Datum decision_to_datum(FunctionCallInfo fcinfo, const Decision *decision);
+
+#endif							/* RL_DECISION_H */

@@ -1,0 +1,237 @@
+/*
+ * policy.c
+ *	  The per-backend cache of rl_policy rows.
+ *
+ * A decision must not run SQL, so each backend keeps the policies in a hash
+ * table. The table's statement trigger sends a relcache invalidation for
+ * rl_policy on commit; our callback only marks the cache stale and the next
+ * lookup reloads it (the pattern pg_cron uses). The reload reads the table
+ * directly, so a role that may only call rl_consume needs no SELECT on it.
+ */
+#include "ratelimit.h"
+
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "catalog/pg_type.h"
+#include "commands/trigger.h"
+#include "datatype/timestamp.h"
+#include "fmgr.h"
+#include "utils/builtins.h"
+#include "utils/hsearch.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+
+#include "policy.h"
+
+static HTAB *policy_cache = NULL;
+static MemoryContext policy_cache_context = NULL;
+static bool policy_cache_valid = false;
+static Oid	policy_relid = InvalidOid;
+
+/* Marks the cache stale when rl_policy changes (or on a full cache reset). */
+static void
+policy_invalidate_callback(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == policy_relid)
+		policy_cache_valid = false;
+}
+
+/* Registers the invalidation callback; called once per backend from _PG_init. */
+void
+policy_cache_init(void)
+{
+	CacheRegisterRelcacheCallback(policy_invalidate_callback, (Datum) 0);
+}
+
+/* Milliseconds in an interval the table's constraints accepted (no months, whole ms). */
+static int64
+interval_ms(Interval *interval)
+{
+	return (int64) interval->day * SECS_PER_DAY * 1000 + interval->time / 1000;
+}
+
+/* Parses the fail_mode column; the table's constraint allows no other values. */
+static FailMode
+parse_fail_mode(const char *text)
+{
+	if (strcmp(text, "open") == 0)
+		return FAIL_MODE_OPEN;
+	if (strcmp(text, "local") == 0)
+		return FAIL_MODE_LOCAL;
+	return FAIL_MODE_CLOSED;
+}
+
+/* The fail mode's name as the table spells it. */
+const char *
+policy_fail_mode_name(FailMode mode)
+{
+	switch (mode)
+	{
+		case FAIL_MODE_OPEN:
+			return "open";
+		case FAIL_MODE_LOCAL:
+			return "local";
+		case FAIL_MODE_CLOSED:
+			break;
+	}
+	return "closed";
+}
+
+/* Column number of a column of rl_policy, by name. */
+static AttrNumber
+policy_attnum(Relation rel, const char *column)
+{
+	AttrNumber	attnum = get_attnum(RelationGetRelid(rel), column);
+
+	if (attnum == InvalidAttrNumber)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("table rl_policy has no column \"%s\"", column),
+				 errhint("Update the extension with ALTER EXTENSION ratelimit UPDATE.")));
+	return attnum - 1;
+}
+
+/* Reads every row of rl_policy into a new hash table in a new memory context. */
+static void
+policy_cache_load(Oid relid)
+{
+	MemoryContext context;
+	HASHCTL		hashctl = {0};
+	HTAB	   *cache;
+	Relation	rel;
+	TupleDesc	desc;
+	Snapshot	snapshot;
+	TableScanDesc scan;
+	HeapTuple	tuple;
+	int			name_col,
+				capacity_col,
+				refill_amount_col,
+				refill_period_col,
+				idle_ttl_col,
+				fail_mode_col,
+				version_col;
+
+	context = AllocSetContextCreate(CacheMemoryContext, "ratelimit policies",
+									ALLOCSET_SMALL_SIZES);
+	hashctl.keysize = NAMEDATALEN;
+	hashctl.entrysize = sizeof(Policy);
+	hashctl.hcxt = context;
+	cache = hash_create("ratelimit policies", 64, &hashctl,
+						HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+
+	rel = table_open(relid, AccessShareLock);
+	desc = RelationGetDescr(rel);
+	name_col = policy_attnum(rel, "name");
+	capacity_col = policy_attnum(rel, "capacity");
+	refill_amount_col = policy_attnum(rel, "refill_amount");
+	refill_period_col = policy_attnum(rel, "refill_period");
+	idle_ttl_col = policy_attnum(rel, "idle_ttl");
+	fail_mode_col = policy_attnum(rel, "fail_mode");
+	version_col = policy_attnum(rel, "version");
+
+	/* The latest snapshot: a change is seen from the moment it commits. */
+	snapshot = RegisterSnapshot(GetLatestSnapshot());
+	scan = table_beginscan(rel, snapshot, 0, NULL);
+	while ((tuple = heap_getnext(scan, ForwardScanDirection)) != NULL)
+	{
+		Datum	   *values = palloc(desc->natts * sizeof(Datum));
+		bool	   *nulls = palloc(desc->natts * sizeof(bool));
+		char	   *name;
+		char	   *fail_mode;
+		Policy	   *policy;
+		bool		found;
+		int64		idle_ttl_ms;
+
+		heap_deform_tuple(tuple, desc, values, nulls);
+		name = TextDatumGetCString(values[name_col]);
+		if (strlen(name) >= NAMEDATALEN)
+			continue;			/* the name constraint makes this impossible */
+		policy = hash_search(cache, name, HASH_ENTER, &found);
+		policy->version = DatumGetInt32(values[version_col]);
+		fail_mode = TextDatumGetCString(values[fail_mode_col]);
+		policy->fail_mode = parse_fail_mode(fail_mode);
+		idle_ttl_ms = nulls[idle_ttl_col] ? 0 :
+			interval_ms(DatumGetIntervalP(values[idle_ttl_col]));
+		if (!bucket_params_init(&policy->bucket,
+								DatumGetInt64(values[capacity_col]),
+								DatumGetInt64(values[refill_amount_col]),
+								interval_ms(DatumGetIntervalP(values[refill_period_col])),
+								idle_ttl_ms))
+			ereport(ERROR,
+					(errcode(ERRCODE_CHECK_VIOLATION),
+					 errmsg("rate limit policy \"%s\" is outside the supported bounds", name),
+					 errdetail("capacity * refill_period_ms / gcd(refill_amount, refill_period_ms) must stay below 2^53.")));
+		pfree(fail_mode);
+		pfree(name);
+		pfree(values);
+		pfree(nulls);
+	}
+	table_endscan(scan);
+	UnregisterSnapshot(snapshot);
+	table_close(rel, AccessShareLock);
+
+	if (policy_cache_context != NULL)
+		MemoryContextDelete(policy_cache_context);
+	policy_cache_context = context;
+	policy_cache = cache;
+}
+
+/*
+ * Returns the policy called name, or NULL if there is none. function_oid is
+ * the calling SQL function: rl_policy lives in the same schema.
+ */
+const Policy *
+policy_lookup(Oid function_oid, const char *name)
+{
+	/* Cheap when nothing is pending; lets a long transaction see committed changes. */
+	AcceptInvalidationMessages();
+
+	if (!policy_cache_valid)
+	{
+		Oid			relid = get_relname_relid("rl_policy", get_func_namespace(function_oid));
+
+		if (!OidIsValid(relid))
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_TABLE),
+					 errmsg("table rl_policy of extension ratelimit does not exist")));
+		policy_relid = relid;
+		/* Set first: an invalidation that arrives during the load marks it stale again. */
+		policy_cache_valid = true;
+		PG_TRY();
+		{
+			policy_cache_load(relid);
+		}
+		PG_CATCH();
+		{
+			policy_cache_valid = false;
+			PG_RE_THROW();
+		}
+		PG_END_TRY();
+	}
+
+	if (strlen(name) >= NAMEDATALEN)
+		return NULL;
+	return hash_search(policy_cache, name, HASH_FIND, NULL);
+}
+
+PG_FUNCTION_INFO_V1(rl_policy_invalidate);
+
+/* Statement trigger on rl_policy: every backend drops its cache once this commits. */
+Datum
+rl_policy_invalidate(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("rl_policy_invalidate must be called as a trigger")));
+	CacheInvalidateRelcacheByRelid(RelationGetRelid(trigdata->tg_relation));
+	PG_RETURN_POINTER(NULL);
+}

@@ -1,0 +1,29 @@
+/*
+ * policy.h
+ *	  The per-backend cache of rl_policy rows.
+ */
+#ifndef RL_POLICY_H
+#define RL_POLICY_H
+
+#include "bucket.h"
+
+typedef enum FailMode
+{
+	FAIL_MODE_OPEN,
+	FAIL_MODE_CLOSED,
+	FAIL_MODE_LOCAL
+} FailMode;
+
+typedef struct Policy
+{
+	char		name[NAMEDATALEN];	/* hash key; the table allows at most 63 bytes */
+	int32		version;
+	FailMode	fail_mode;
+	BucketParams bucket;
+} Policy;
+
+extern void policy_cache_init(void);
+extern const Policy *policy_lookup(Oid function_oid, const char *name);
+extern const char *policy_fail_mode_name(FailMode mode);
+
+#endif							/* RL_POLICY_H */

@@ -1,0 +1,163 @@
+/*
+ * ratelimit.c
+ *	  Module load, settings (GUCs) and the SQL-callable decision functions.
+ */
+#include "ratelimit.h"
+
+#include "fmgr.h"
+#include "utils/guc.h"
+
+#include "decision.h"
+#include "policy.h"
+#include "redis_url.h"
+#include "subject.h"
+
+PG_MODULE_MAGIC;
+
+void		_PG_init(void);
+
+char	   *rl_redis_url = NULL;
+int			rl_connect_timeout_ms = 1000;
+int			rl_command_timeout_ms = 250;
+char	   *rl_key_prefix = NULL;
+char	   *rl_key_scope = NULL;
+char	   *rl_subject_secret = NULL;
+char	   *rl_test_clock_ms = NULL;
+
+/* Rejects a malformed ratelimit.redis_url when it is set, not when it is first used. */
+static bool
+check_redis_url(char **newval, void **extra, GucSource source)
+{
+	RedisUrl	url;
+	const char *problem;
+
+	if (*newval == NULL || (*newval)[0] == '\0')
+		return true;
+	if (!redis_url_parse(*newval, &url, &problem))
+	{
+		/* Never echo the value: it may hold a password. */
+		GUC_check_errmsg("invalid value for parameter \"ratelimit.redis_url\"");
+		GUC_check_errdetail("%s", problem);
+		GUC_check_errhint("Use redis://[user[:password]@]host[:port][/db] or unix:///path/to/socket[?db=N].");
+		return false;
+	}
+	return true;
+}
+
+/* Key segments must be safe ids: no separator, no brace, bounded length. */
+static bool
+check_key_segment(char **newval, void **extra, GucSource source)
+{
+	if (*newval == NULL || (*newval)[0] == '\0')
+		return true;
+	if (!subject_is_safe_id(*newval, strlen(*newval)))
+	{
+		GUC_check_errdetail("Use 1 to %d letters, digits, \"_\", \".\" or \"-\".",
+							SUBJECT_SAFE_MAX_BYTES);
+		return false;
+	}
+	return true;
+}
+
+/* The prefix may not be empty: every key starts with it. */
+static bool
+check_key_prefix(char **newval, void **extra, GucSource source)
+{
+	if (*newval == NULL || (*newval)[0] == '\0')
+	{
+		GUC_check_errdetail("The key prefix must not be empty.");
+		return false;
+	}
+	return check_key_segment(newval, extra, source);
+}
+
+/* The test clock is empty (Redis TIME) or milliseconds since the epoch. */
+static bool
+check_test_clock(char **newval, void **extra, GucSource source)
+{
+	const char *p = *newval;
+
+	if (p == NULL || *p == '\0')
+		return true;
+	if (strlen(p) > 15 || strspn(p, "0123456789") != strlen(p))
+	{
+		GUC_check_errdetail("Give milliseconds since the epoch (at most 15 digits), or an empty string for Redis TIME.");
+		return false;
+	}
+	return true;
+}
+
+/* Defines the settings and registers the policy cache callback. */
+void
+_PG_init(void)
+{
+	DefineCustomStringVariable("ratelimit.redis_url",
+							   "Redis to keep buckets in: redis://[user[:password]@]host[:port][/db] or unix:///path[?db=N].",
+							   "Only superusers can read or set it: it may hold a password.",
+							   &rl_redis_url, "", PGC_SUSET,
+							   GUC_SUPERUSER_ONLY | GUC_NOT_IN_SAMPLE,
+							   check_redis_url, NULL, NULL);
+	DefineCustomIntVariable("ratelimit.connect_timeout",
+							"Longest wait to connect and authenticate to Redis.",
+							NULL, &rl_connect_timeout_ms, 1000, 1, 60 * 1000,
+							PGC_USERSET, GUC_UNIT_MS, NULL, NULL, NULL);
+	DefineCustomIntVariable("ratelimit.command_timeout",
+							"Longest wait for Redis to answer one decision.",
+							"When it passes, the policy's fail mode decides.",
+							&rl_command_timeout_ms, 250, 1, 60 * 1000,
+							PGC_USERSET, GUC_UNIT_MS, NULL, NULL, NULL);
+	DefineCustomStringVariable("ratelimit.key_prefix",
+							   "First segment of every Redis key.",
+							   NULL, &rl_key_prefix, "rl", PGC_SUSET, 0,
+							   check_key_prefix, NULL, NULL);
+	DefineCustomStringVariable("ratelimit.key_scope",
+							   "Second segment of every Redis key; empty means the database name.",
+							   "Servers that should share buckets use the same scope.",
+							   &rl_key_scope, "", PGC_SUSET, 0,
+							   check_key_segment, NULL, NULL);
+	DefineCustomStringVariable("ratelimit.subject_secret",
+							   "Secret key of the hash that stands for subjects that are not safe ids.",
+							   "Only superusers can read or set it. Changing it starts new buckets.",
+							   &rl_subject_secret, "", PGC_SUSET,
+							   GUC_SUPERUSER_ONLY | GUC_NOT_IN_SAMPLE,
+							   NULL, NULL, NULL);
+	DefineCustomStringVariable("ratelimit.test_clock_ms",
+							   "For tests: the time buckets see, in ms since the epoch; empty means Redis TIME.",
+							   NULL, &rl_test_clock_ms, "", PGC_SUSET,
+							   GUC_NOT_IN_SAMPLE, check_test_clock, NULL, NULL);
+	MarkGUCPrefixReserved("ratelimit");
+
+	policy_cache_init();
+}
+
+PG_FUNCTION_INFO_V1(rl_consume);
+
+/* rl_consume(policy, subject, cost): one atomic decision; tokens taken only if allowed. */
+Datum
+rl_consume(PG_FUNCTION_ARGS)
+{
+	Decision	decision;
+
+	decision_make(fcinfo, &decision);
+	return decision_to_datum(fcinfo, &decision);
+}
+
+PG_FUNCTION_INFO_V1(rl_enforce);
+
+/* rl_enforce(policy, subject, cost): rl_consume, but a denial raises RL429. */
+Datum
+rl_enforce(PG_FUNCTION_ARGS)
+{
+	Decision	decision;
+
+	decision_make(fcinfo, &decision);
+	if (!decision.allowed)
+		ereport(ERROR,
+				(errcode(ERRCODE_RL_RATE_LIMIT_EXCEEDED),
+				 errmsg("rate limit exceeded for policy \"%s\"", decision.policy),
+				 errdetail("Retry after " INT64_FORMAT " seconds.",
+						   (decision.retry_after_ms + 999) / 1000),
+				 errhint("Wait before retrying; the limit is " INT64_FORMAT ".",
+						 decision.capacity)));
+	return decision_to_datum(fcinfo, &decision);
+}

@@ -1,0 +1,390 @@
+/*
+ * redis.c
+ *	  One Redis connection per backend, opened lazily, used without ever blocking.
+ *
+ * hiredis 0.14 only formats commands and parses replies here: the socket is
+ * non-blocking, and every wait goes through a WaitEventSet that also wakes on
+ * the latch (so cancel and statement_timeout work while Redis is silent) and
+ * exits on postmaster death. Each call has one deadline. A connection whose
+ * request was cut off (deadline, error, interrupt) is closed, never reused: it
+ * might still deliver the old answer.
+ *
+ * The interface is "run this script for this key", so that routing keys to
+ * several nodes (Redis Cluster) can come later behind it.
+ */
+#include "ratelimit.h"
+
+#include <sys/socket.h>
+
+#include <hiredis/hiredis.h>
+
+#include "common/cryptohash.h"
+#include "common/sha1.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "storage/fd.h"
+#include "storage/latch.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+
+#include "redis.h"
+#include "redis_url.h"
+
+typedef struct RedisConnection
+{
+	redisContext *context;		/* NULL: not connected */
+	WaitEventSet *wait_set;
+	int			socket_event;	/* position of the socket in wait_set */
+	char	   *url;			/* the ratelimit.redis_url it was opened with */
+	bool		busy;			/* a request is under way (or was cut off) */
+} RedisConnection;
+
+static RedisConnection connection;
+
+/* Closes the connection and frees everything it holds. */
+static void
+redis_disconnect(void)
+{
+	if (connection.wait_set != NULL)
+		FreeWaitEventSet(connection.wait_set);
+	if (connection.context != NULL)
+	{
+		redisFree(connection.context);
+		ReleaseExternalFD();
+	}
+	if (connection.url != NULL)
+		pfree(connection.url);
+	memset(&connection, 0, sizeof(connection));
+}
+
+/* Records a failure of the given kind with a short detail. */
+static bool
+fail(RedisFailure *failure, RedisFailureKind kind, const char *detail)
+{
+	failure->kind = kind;
+	strlcpy(failure->detail, detail ? detail : "", sizeof(failure->detail));
+	return false;
+}
+
+/* Like fail(), and closes the connection, whose state is now unknown. */
+static bool
+fail_and_disconnect(RedisFailure *failure, RedisFailureKind kind, const char *detail)
+{
+	fail(failure, kind, detail);
+	redis_disconnect();
+	return false;
+}
+
+/*
+ * Waits until the socket is ready for events (WL_SOCKET_READABLE or
+ * WL_SOCKET_WRITEABLE) or the deadline passes; false on timeout. Interrupts
+ * are served while waiting, so a cancel raises its error from here.
+ */
+static bool
+redis_wait(uint32 events, TimestampTz deadline)
+{
+	ModifyWaitEvent(connection.wait_set, connection.socket_event, events, NULL);
+	for (;;)
+	{
+		WaitEvent	event;
+		TimestampTz now = GetCurrentTimestamp();
+		long		remaining_ms;
+
+		if (now >= deadline)
+			return false;
+		remaining_ms = (long) ((deadline - now + 999) / 1000);
+		if (WaitEventSetWait(connection.wait_set, remaining_ms, &event, 1,
+							 PG_WAIT_EXTENSION) == 0)
+			continue;			/* timed out: the check above decides */
+		if (event.events & WL_LATCH_SET)
+		{
+			ResetLatch(MyLatch);
+			CHECK_FOR_INTERRUPTS();
+			continue;
+		}
+		if (event.events & events)
+			return true;
+	}
+}
+
+/* Sends what hiredis has buffered, then reads one reply; NULL reply on failure. */
+static bool
+redis_request(TimestampTz deadline, redisReply **reply, RedisFailure *failure)
+{
+	redisContext *context = connection.context;
+	int			done = 0;
+	void	   *answer = NULL;
+
+	*reply = NULL;
+	for (;;)
+	{
+		if (redisBufferWrite(context, &done) != REDIS_OK)
+			return fail_and_disconnect(failure, REDIS_FAILURE_IO, "write failed");
+		if (done)
+			break;
+		if (!redis_wait(WL_SOCKET_WRITEABLE, deadline))
+			return fail_and_disconnect(failure, REDIS_FAILURE_TIMEOUT, "timeout");
+	}
+	for (;;)
+	{
+		if (redisGetReplyFromReader(context, &answer) != REDIS_OK)
+			return fail_and_disconnect(failure, REDIS_FAILURE_PROTOCOL, "unparsable reply");
+		if (answer != NULL)
+			break;
+		if (!redis_wait(WL_SOCKET_READABLE, deadline))
+			return fail_and_disconnect(failure, REDIS_FAILURE_TIMEOUT, "timeout");
+		if (redisBufferRead(context) != REDIS_OK)
+			return fail_and_disconnect(failure, REDIS_FAILURE_IO,
+									   context->err == REDIS_ERR_EOF ?
+									   "connection closed" : "read failed");
+	}
+	*reply = answer;
+	return true;
+}
+
+/* Copies the first word of an error reply ("NOSCRIPT", "OOM", ...) into failure. */
+static bool
+fail_with_error_reply(RedisFailure *failure, redisReply *reply)
+{
+	char		word[sizeof(failure->detail)];
+	size_t		length = strcspn(reply->str, " \r\n");
+
+	if (length >= sizeof(word))
+		length = sizeof(word) - 1;
+	memcpy(word, reply->str, length);
+	word[length] = '\0';
+	return fail(failure, REDIS_FAILURE_REPLY, word);
+}
+
+/* Sends one command of the handshake and expects a status or OK reply. */
+static bool
+redis_handshake_command(int argc, const char **argv, TimestampTz deadline,
+						RedisFailure *failure)
+{
+	redisReply *reply;
+	bool		ok;
+
+	if (redisAppendCommandArgv(connection.context, argc, argv, NULL) != REDIS_OK)
+		return fail_and_disconnect(failure, REDIS_FAILURE_IO, "could not format command");
+	if (!redis_request(deadline, &reply, failure))
+		return false;
+	ok = reply->type != REDIS_REPLY_ERROR;
+	if (!ok)
+	{
+		fail_with_error_reply(failure, reply);
+		failure->kind = REDIS_FAILURE_CONNECT;
+	}
+	freeReplyObject(reply);
+	if (!ok)
+		redis_disconnect();
+	return ok;
+}
+
+/* Opens the connection named by ratelimit.redis_url, with AUTH and SELECT. */
+static bool
+redis_connect(RedisFailure *failure)
+{
+	RedisUrl	url;
+	const char *problem;
+	TimestampTz deadline;
+	redisContext *context;
+	int			socket_error = 0;
+	socklen_t	length = sizeof(socket_error);
+
+	if (rl_redis_url == NULL || rl_redis_url[0] == '\0')
+		return fail(failure, REDIS_FAILURE_CONFIG, "ratelimit.redis_url is not set");
+	if (!redis_url_parse(rl_redis_url, &url, &problem))
+		return fail(failure, REDIS_FAILURE_CONFIG, "ratelimit.redis_url is invalid");
+
+	if (!AcquireExternalFD())
+		return fail(failure, REDIS_FAILURE_CONNECT, "too many open files");
+	/* Resolving a host name blocks; the docs recommend IP literals or sockets. */
+	context = url.is_unix ? redisConnectUnixNonBlock(url.path) :
+		redisConnectNonBlock(url.host, url.port);
+	if (context == NULL || context->err)
+	{
+		fail(failure, REDIS_FAILURE_CONNECT, context ? context->errstr : "out of memory");
+		if (context != NULL)
+			redisFree(context);
+		ReleaseExternalFD();
+		return false;
+	}
+
+	connection.context = context;
+	connection.busy = true;
+#if PG_VERSION_NUM >= 170000
+	connection.wait_set = CreateWaitEventSet(NULL, 3);
+#else
+	connection.wait_set = CreateWaitEventSet(TopMemoryContext, 3);
+#endif
+	AddWaitEventToSet(connection.wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
+	if (IsUnderPostmaster)
+		AddWaitEventToSet(connection.wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET,
+						  NULL, NULL);
+	connection.socket_event = AddWaitEventToSet(connection.wait_set, WL_SOCKET_WRITEABLE,
+												context->fd, NULL, NULL);
+
+	/* A non-blocking connect is done when the socket is writable; SO_ERROR says how. */
+	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), rl_connect_timeout_ms);
+	if (!redis_wait(WL_SOCKET_WRITEABLE, deadline))
+		return fail_and_disconnect(failure, REDIS_FAILURE_TIMEOUT, "connect timeout");
+	if (getsockopt(context->fd, SOL_SOCKET, SO_ERROR, &socket_error, &length) != 0)
+		socket_error = errno;
+	if (socket_error != 0)
+		return fail_and_disconnect(failure, REDIS_FAILURE_CONNECT, strerror(socket_error));
+
+	if (url.password != NULL)
+	{
+		const char *argv[3] = {"AUTH"};
+		int			argc = 1;
+
+		if (url.user != NULL)
+			argv[argc++] = url.user;
+		argv[argc++] = url.password;
+		if (!redis_handshake_command(argc, argv, deadline, failure))
+			return false;
+	}
+	if (url.database != 0)
+	{
+		char		database[16];
+		const char *argv[2] = {"SELECT", database};
+
+		snprintf(database, sizeof(database), "%d", url.database);
+		if (!redis_handshake_command(2, argv, deadline, failure))
+			return false;
+	}
+
+	connection.url = MemoryContextStrdup(TopMemoryContext, rl_redis_url);
+	connection.busy = false;
+	return true;
+}
+
+/* Computes the script's SHA1 in hex, once. */
+static void
+redis_script_prepare(RedisScript *script)
+{
+	pg_cryptohash_ctx *context;
+	uint8		digest[SHA1_DIGEST_LENGTH];
+
+	if (script->sha1[0] != '\0')
+		return;
+	context = pg_cryptohash_create(PG_SHA1);
+	if (context == NULL ||
+		pg_cryptohash_init(context) < 0 ||
+		pg_cryptohash_update(context, (const uint8 *) script->body, strlen(script->body)) < 0 ||
+		pg_cryptohash_final(context, digest, sizeof(digest)) < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OUT_OF_MEMORY),
+				 errmsg("could not compute the SHA1 of script %s", script->name)));
+	pg_cryptohash_free(context);
+	for (int i = 0; i < SHA1_DIGEST_LENGTH; i++)
+		snprintf(script->sha1 + 2 * i, 3, "%02x", digest[i]);
+}
+
+/* Queues EVALSHA (or EVAL with the body) of script for key and args. */
+static bool
+redis_append_script(RedisScript *script, bool by_sha, const char *key,
+					int nargs, const char *const *args, RedisFailure *failure)
+{
+	int			argc = 4 + nargs;
+	const char **argv = palloc(argc * sizeof(char *));
+	int			rc;
+
+	argv[0] = by_sha ? "EVALSHA" : "EVAL";
+	argv[1] = by_sha ? script->sha1 : script->body;
+	argv[2] = "1";
+	argv[3] = key;
+	for (int i = 0; i < nargs; i++)
+		argv[4 + i] = args[i];
+	/* Explicit argv, never a format string: keys and arguments are binary-safe. */
+	rc = redisAppendCommandArgv(connection.context, argc, argv, NULL);
+	pfree(argv);
+	if (rc != REDIS_OK)
+		return fail_and_disconnect(failure, REDIS_FAILURE_IO, "could not format command");
+	return true;
+}
+
+/*
+ * Runs script for key with args (NUL-terminated strings) and stores its reply,
+ * an array of nresults integers, in results. On any failure returns false and
+ * says why in failure; the caller's fail mode decides what that means. Never
+ * raises an error itself, except for an interrupt served while waiting.
+ */
+bool
+redis_run_script(RedisScript *script, const char *key, int nargs,
+				 const char *const *args, long long *results, int nresults,
+				 RedisFailure *failure)
+{
+	TimestampTz deadline;
+	redisReply *reply;
+
+	failure->kind = REDIS_FAILURE_NONE;
+	failure->detail[0] = '\0';
+	redis_script_prepare(script);
+
+	/* A cut-off request, or a changed URL, means this connection is not to be used. */
+	if (connection.context != NULL &&
+		(connection.busy || strcmp(connection.url, rl_redis_url ? rl_redis_url : "") != 0))
+		redis_disconnect();
+	if (connection.context == NULL && !redis_connect(failure))
+		return false;
+
+	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), rl_command_timeout_ms);
+	connection.busy = true;
+	if (!redis_append_script(script, true, key, nargs, args, failure) ||
+		!redis_request(deadline, &reply, failure))
+		return false;
+
+	/* Redis restarted, failed over or flushed its scripts: send the body once. */
+	if (reply->type == REDIS_REPLY_ERROR && strncmp(reply->str, "NOSCRIPT", 8) == 0)
+	{
+		freeReplyObject(reply);
+		if (!redis_append_script(script, false, key, nargs, args, failure) ||
+			!redis_request(deadline, &reply, failure))
+			return false;
+	}
+	connection.busy = false;
+
+	if (reply->type == REDIS_REPLY_ERROR)
+		fail_with_error_reply(failure, reply);
+	else if (reply->type != REDIS_REPLY_ARRAY || reply->elements != (size_t) nresults)
+		fail(failure, REDIS_FAILURE_PROTOCOL, "unexpected reply");
+	else
+	{
+		for (int i = 0; i < nresults; i++)
+		{
+			if (reply->element[i]->type != REDIS_REPLY_INTEGER)
+			{
+				fail(failure, REDIS_FAILURE_PROTOCOL, "unexpected reply");
+				break;
+			}
+			results[i] = reply->element[i]->integer;
+		}
+	}
+	freeReplyObject(reply);
+	return failure->kind == REDIS_FAILURE_NONE;
+}
+
+/* The failure kind as logs and docs name it. */
+const char *
+redis_failure_kind_name(RedisFailureKind kind)
+{
+	switch (kind)
+	{
+		case REDIS_FAILURE_NONE:
+			return "none";
+		case REDIS_FAILURE_CONFIG:
+			return "configuration";
+		case REDIS_FAILURE_CONNECT:
+			return "connect";
+		case REDIS_FAILURE_TIMEOUT:
+			return "timeout";
+		case REDIS_FAILURE_IO:
+			return "connection lost";
+		case REDIS_FAILURE_PROTOCOL:
+			return "protocol";
+		case REDIS_FAILURE_REPLY:
+			return "error reply";
+	}
+	return "unknown";
+}

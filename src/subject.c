@@ -1,0 +1,116 @@
+/*
+ * subject.c
+ *	  Subject checks and Redis key building.
+ *
+ * A key is  prefix:scope:v<version>:{subject}:policy  (DESIGN principle 2).
+ * The braces are a Redis Cluster hash tag, so all buckets of one subject share a
+ * slot. A subject that is a safe id (letters, digits, "_", "." and "-", at most
+ * 64 bytes) appears as it is; anything else (e-mails, tokens, long or odd text)
+ * appears only as "#" and a keyed hash, so no raw secret reaches Redis and no
+ * text can inject a brace or a separator. "#" is not a safe-id character, so a
+ * hashed subject never equals a plain one.
+ */
+#include "ratelimit.h"
+
+#include "common/hmac.h"
+#include "common/sha2.h"
+#include "miscadmin.h"
+#include "commands/dbcommands.h"
+#include "utils/memutils.h"
+
+#include "subject.h"
+
+/* Bytes of the HMAC-SHA256 kept in a key: 128 bits, printed as 32 hex digits. */
+#define SUBJECT_HASH_BYTES 16
+
+/* True when text is kept as it is in a key. */
+bool
+subject_is_safe_id(const char *text, int length)
+{
+	if (length <= 0 || length > SUBJECT_SAFE_MAX_BYTES)
+		return false;
+	for (int i = 0; i < length; i++)
+	{
+		char		c = text[i];
+
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+			  (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-'))
+			return false;
+	}
+	return true;
+}
+
+/* Raises 22023 for a subject that is empty or too long. */
+void
+subject_check(const char *subject, int length)
+{
+	if (length == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("rate limit subject must not be empty")));
+	if (length > RL_SUBJECT_MAX_BYTES)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("rate limit subject is too long"),
+				 errdetail("A subject has at most %d bytes; this one has %d.",
+						   RL_SUBJECT_MAX_BYTES, length)));
+}
+
+/* Appends text as it is when it is a safe id, else "#" and its keyed hash in hex. */
+static void
+append_safe(StringInfo key, const char *text, int length)
+{
+	pg_hmac_ctx *hmac;
+	uint8		digest[PG_SHA256_DIGEST_LENGTH];
+	const char *secret = rl_subject_secret ? rl_subject_secret : "";
+
+	if (subject_is_safe_id(text, length))
+	{
+		appendBinaryStringInfo(key, text, length);
+		return;
+	}
+
+	hmac = pg_hmac_create(PG_SHA256);
+	if (hmac == NULL ||
+		pg_hmac_init(hmac, (const uint8 *) secret, strlen(secret)) < 0 ||
+		pg_hmac_update(hmac, (const uint8 *) text, length) < 0 ||
+		pg_hmac_final(hmac, digest, sizeof(digest)) < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OUT_OF_MEMORY),
+				 errmsg("could not hash a rate limit subject")));
+	pg_hmac_free(hmac);
+
+	appendStringInfoChar(key, '#');
+	for (int i = 0; i < SUBJECT_HASH_BYTES; i++)
+		appendStringInfo(key, "%02x", digest[i]);
+}
+
+/* The scope segment's source: ratelimit.key_scope, else this database's name. */
+static const char *
+key_scope(void)
+{
+	static char *database_name = NULL;
+
+	if (rl_key_scope != NULL && rl_key_scope[0] != '\0')
+		return rl_key_scope;
+	if (database_name == NULL)
+	{
+		char	   *name = get_database_name(MyDatabaseId);
+
+		database_name = MemoryContextStrdup(TopMemoryContext, name ? name : "");
+	}
+	return database_name;
+}
+
+/* Builds the Redis key of policy's bucket for subject (already checked). */
+void
+subject_build_key(StringInfo key, const Policy *policy, const char *subject, int length)
+{
+	const char *scope = key_scope();
+
+	appendStringInfo(key, "%s:", rl_key_prefix);
+	append_safe(key, scope, strlen(scope));
+	appendStringInfo(key, ":v%d:{", policy->version);
+	append_safe(key, subject, length);
+	appendStringInfo(key, "}:%s", policy->name);
+}
