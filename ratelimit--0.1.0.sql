@@ -19,15 +19,18 @@ RETURN extract(month FROM period) = 0 AND extract(year FROM period) = 0
 -- must stay below 2^53. bucket.c checks the same bound.
 CREATE FUNCTION @extschema@.rl_bucket_is_exact(capacity bigint, refill_amount bigint, refill_period interval)
 RETURNS boolean IMMUTABLE STRICT PARALLEL SAFE LANGUAGE sql
-RETURN capacity::numeric * (@extschema@.rl_interval_ms(refill_period)
-                            / gcd(refill_amount::numeric, @extschema@.rl_interval_ms(refill_period)))
-       + refill_amount / gcd(refill_amount::numeric, @extschema@.rl_interval_ms(refill_period))
-       < 2::numeric ^ 53;
+RETURN CASE WHEN refill_amount > 0 AND @extschema@.rl_interval_ms(refill_period) >= 1 THEN
+    capacity::numeric * (@extschema@.rl_interval_ms(refill_period)
+                         / gcd(refill_amount::numeric, @extschema@.rl_interval_ms(refill_period)))
+    + refill_amount / gcd(refill_amount::numeric, @extschema@.rl_interval_ms(refill_period))
+    < 2::numeric ^ 53 END;
 
 -- Milliseconds an empty bucket needs to refill completely, rounded up.
+-- (Both functions leave non-positive input to the table's own checks: NULL passes.)
 CREATE FUNCTION @extschema@.rl_refill_ms(capacity bigint, refill_amount bigint, refill_period interval)
 RETURNS numeric IMMUTABLE STRICT PARALLEL SAFE LANGUAGE sql
-RETURN ceil(capacity::numeric * @extschema@.rl_interval_ms(refill_period) / refill_amount);
+RETURN CASE WHEN refill_amount > 0 THEN
+    ceil(capacity::numeric * @extschema@.rl_interval_ms(refill_period) / refill_amount) END;
 
 -- Versions come from one sequence, so a version is never reused, not even by a policy
 -- that is dropped and created again.
@@ -48,8 +51,8 @@ CREATE TABLE @extschema@.rl_policy (
                   CONSTRAINT rl_policy_fail_mode_check CHECK (fail_mode IN ('open', 'closed', 'local')),
     version       integer NOT NULL DEFAULT 0,
     CONSTRAINT rl_policy_idle_ttl_check
-        CHECK (@extschema@.rl_interval_is_whole_ms(idle_ttl)
-               AND @extschema@.rl_interval_ms(idle_ttl)
+        CHECK (idle_ttl IS NULL
+               OR @extschema@.rl_interval_is_whole_ms(idle_ttl) AND @extschema@.rl_interval_ms(idle_ttl)
                    >= @extschema@.rl_refill_ms(capacity, refill_amount, refill_period)),
     CONSTRAINT rl_policy_exact_check
         CHECK (@extschema@.rl_bucket_is_exact(capacity, refill_amount, refill_period))

@@ -1,0 +1,64 @@
+-- bench/setup.sql: what bench/run measures, in the scratch database.
+\set ON_ERROR_STOP on
+
+CREATE EXTENSION ratelimit;
+
+-- Both policies grant a million tokens, refilled at a million a minute (16,667/s):
+-- far more than the bench can take, so every decision is an allowed one, which
+-- writes (the costlier path). The idle TTL keeps the wide keys for the whole run.
+INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, idle_ttl) VALUES
+    ('bench.wide', 1000000, 1000000, '1 minute', '10 minutes'),
+    ('bench.hot',  1000000, 1000000, '1 minute', '10 minutes');
+
+-- The baseline: the same token bucket as a user would write it without the extension,
+-- one row per subject in a logged table, locked, refilled pro rata and updated.
+CREATE TABLE bench_bucket (
+    subject    text PRIMARY KEY,
+    tokens     double precision NOT NULL,
+    updated_at timestamptz NOT NULL
+);
+
+CREATE FUNCTION bench_table_consume(p_subject text, p_cost bigint DEFAULT 1,
+                                    p_capacity bigint DEFAULT 1000000,
+                                    p_refill_per_second double precision DEFAULT 1000000 / 60.0)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    v_tokens double precision;
+    v_updated_at timestamptz;
+    v_now timestamptz;
+BEGIN
+    SELECT tokens, updated_at INTO v_tokens, v_updated_at
+      FROM bench_bucket WHERE subject = p_subject FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO bench_bucket VALUES (p_subject, p_capacity, clock_timestamp())
+            ON CONFLICT (subject) DO NOTHING;
+        SELECT tokens, updated_at INTO v_tokens, v_updated_at
+          FROM bench_bucket WHERE subject = p_subject FOR UPDATE;
+    END IF;
+    -- Read the clock once the row is ours; a clock stepping back adds nothing.
+    v_now := greatest(clock_timestamp(), v_updated_at);
+    v_tokens := least(p_capacity,
+                      v_tokens + extract(epoch FROM v_now - v_updated_at) * p_refill_per_second);
+    IF v_tokens < p_cost THEN
+        RETURN false;           -- a denial takes nothing and writes nothing
+    END IF;
+    UPDATE bench_bucket SET tokens = v_tokens - p_cost, updated_at = v_now
+     WHERE subject = p_subject;
+    RETURN true;
+END
+$$;
+
+INSERT INTO bench_bucket VALUES ('tenant_hot', 1000000, clock_timestamp());
+
+-- What redis-benchmark sends for bench.wide: the arguments decision.c derives (bucket.c's
+-- units: the refill reduced by its gcd) and the key layout of subject.c, under another
+-- prefix so its keys are counted apart.
+CREATE VIEW bench_script_args AS
+SELECT p.name, p.version,
+       p.capacity * (ms / g) AS capacity_units,
+       p.refill_amount / g   AS rate,
+       ms / g                AS unit,
+       rl_interval_ms(p.idle_ttl)::bigint AS ttl_ms
+  FROM rl_policy p,
+       LATERAL (SELECT rl_interval_ms(p.refill_period)::bigint AS ms) m,
+       LATERAL (SELECT gcd(p.refill_amount, m.ms) AS g) d;

@@ -1,0 +1,61 @@
+-- Policies are rows: constraints reject nonsense, versions are bumped by the extension.
+
+INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, fail_mode)
+VALUES ('reports.export', 5, 100, '1 hour', 'closed');
+SELECT name, algorithm, capacity, refill_amount, refill_period, idle_ttl, fail_mode, version > 0 AS has_version
+FROM rl_policy;
+
+-- Each constraint, with its SQLSTATE.
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('Upper', 1, 1, '1 s')$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('has space', 1, 1, '1 s')$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('', 1, 1, '1 s')$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES (repeat('a', 64), 1, 1, '1 s')$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES (repeat('a', 63), 1, 1, '1 s')$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('p.zero', 0, 1, '1 s')$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('p.neg', -1, 1, '1 s')$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('p.refill', 1, 0, '1 s')$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('p.period', 1, 1, '0 s')$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('p.period', 1, 1, '0.5 ms')$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('p.period', 1, 1, '1.5 ms')$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('p.period', 1, 1, '-1 s')$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('p.period', 1, 1, '1 month')$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('p.period', 1, 1, NULL)$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('p.period', 1, 1, '1 ms')$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, fail_mode) VALUES ('p.mode', 1, 1, '1 s', 'maybe')$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, algorithm, capacity, refill_amount, refill_period) VALUES ('p.algo', 'leaky', 1, 1, '1 s')$$);
+-- idle_ttl: at least the time to refill completely (10 tokens at 1 a second: 10 s).
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, idle_ttl) VALUES ('p.ttl', 10, 1, '1 s', '9.999 s')$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, idle_ttl) VALUES ('p.ttl', 10, 1, '1 s', '10 s')$$);
+-- The exact bound: capacity * period_ms / gcd(refill, period_ms) + refill / gcd < 2^53.
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('p.huge', 9007199254740992, 1, '1 ms')$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('p.huge', 9007199254740990, 1, '1 ms')$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('p.day', 104249992, 1, '1 day')$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('p.day', 104249991, 1, '1 day')$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('p.max', 9223372036854775807, 9223372036854775807, '1 ms')$$);
+SELECT expect_error($$UPDATE rl_policy SET capacity = 0 WHERE name = 'reports.export'$$);
+DELETE FROM rl_policy WHERE name LIKE 'p.%' OR name = repeat('a', 63);
+
+-- version: new on insert, new when the meaning of stored state changes, kept otherwise.
+CREATE TEMP TABLE seen_versions AS SELECT version FROM rl_policy WHERE name = 'reports.export';
+UPDATE rl_policy SET fail_mode = 'open' WHERE name = 'reports.export';
+SELECT version = (SELECT version FROM seen_versions) AS kept_on_fail_mode FROM rl_policy WHERE name = 'reports.export';
+UPDATE rl_policy SET refill_period = '60 minutes' WHERE name = 'reports.export';
+SELECT version = (SELECT version FROM seen_versions) AS kept_on_equal_period FROM rl_policy WHERE name = 'reports.export';
+UPDATE rl_policy SET version = 12345 WHERE name = 'reports.export';
+SELECT version = (SELECT version FROM seen_versions) AS not_settable_by_hand FROM rl_policy WHERE name = 'reports.export';
+UPDATE rl_policy SET capacity = 6 WHERE name = 'reports.export';
+SELECT version > (SELECT version FROM seen_versions) AS bumped_on_capacity FROM rl_policy WHERE name = 'reports.export';
+UPDATE seen_versions SET version = (SELECT version FROM rl_policy WHERE name = 'reports.export');
+UPDATE rl_policy SET refill_amount = 50 WHERE name = 'reports.export';
+SELECT version > (SELECT version FROM seen_versions) AS bumped_on_refill_amount FROM rl_policy WHERE name = 'reports.export';
+UPDATE seen_versions SET version = (SELECT version FROM rl_policy WHERE name = 'reports.export');
+UPDATE rl_policy SET refill_period = '2 hours' WHERE name = 'reports.export';
+SELECT version > (SELECT version FROM seen_versions) AS bumped_on_period FROM rl_policy WHERE name = 'reports.export';
+-- Dropped and created again: a new version, never an old one.
+UPDATE seen_versions SET version = (SELECT version FROM rl_policy WHERE name = 'reports.export');
+DELETE FROM rl_policy WHERE name = 'reports.export';
+INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, version)
+VALUES ('reports.export', 6, 50, '2 hours', 1);
+SELECT version > (SELECT version FROM seen_versions) AS never_reused FROM rl_policy WHERE name = 'reports.export';
+-- Back to the README's policy, for the tests that follow.
+UPDATE rl_policy SET capacity = 5, refill_amount = 100, refill_period = '1 hour', fail_mode = 'closed';

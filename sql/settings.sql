@@ -1,0 +1,53 @@
+-- Settings: checked when set, with a clear message that never echoes a password.
+SELECT name, CASE WHEN name = 'ratelimit.redis_url' THEN '(set by the test)' ELSE setting END AS setting,
+       unit, context
+FROM pg_settings WHERE name LIKE 'ratelimit.%' ORDER BY name;
+
+-- redis_url: the accepted forms.
+SET ratelimit.redis_url = 'redis://127.0.0.1';
+SET ratelimit.redis_url = 'redis://127.0.0.1:6380/2';
+SET ratelimit.redis_url = 'redis://:s3cret@127.0.0.1:6380';
+SET ratelimit.redis_url = 'redis://app:p%40ss@127.0.0.1:6380/0';
+SET ratelimit.redis_url = 'redis://[::1]:6380';
+SET ratelimit.redis_url = 'redis://redis.internal:6379/';
+SET ratelimit.redis_url = 'unix:///run/redis/redis.sock';
+SET ratelimit.redis_url = 'unix:///run/redis/redis.sock?db=3';
+SET ratelimit.redis_url = 'unix://app:secret@/run/redis/redis.sock?db=3';
+SET ratelimit.redis_url = '';
+-- ... and the rejected ones, with a message that says why and never shows the password.
+SET ratelimit.redis_url = 'redis://app:s3cret@127.0.0.1:99999';
+SET ratelimit.redis_url = 'postgres://app:s3cret@127.0.0.1';
+SELECT expect_error($$SET ratelimit.redis_url = 'http://127.0.0.1'$$);
+SELECT expect_error($$SET ratelimit.redis_url = 'redis://'$$);
+SELECT expect_error($$SET ratelimit.redis_url = 'redis://127.0.0.1:0'$$);
+SELECT expect_error($$SET ratelimit.redis_url = 'redis://127.0.0.1:65536'$$);
+SELECT expect_error($$SET ratelimit.redis_url = 'redis://127.0.0.1:port'$$);
+SELECT expect_error($$SET ratelimit.redis_url = 'redis://127.0.0.1:6379/db'$$);
+SELECT expect_error($$SET ratelimit.redis_url = 'redis://127.0.0.1:6379/1/2'$$);
+SELECT expect_error($$SET ratelimit.redis_url = 'redis://[::1'$$);
+SELECT expect_error($$SET ratelimit.redis_url = 'redis://user:p%zzss@127.0.0.1'$$);
+SELECT expect_error($$SET ratelimit.redis_url = 'redis://host name'$$);
+SELECT expect_error($$SET ratelimit.redis_url = 'unix://relative/path.sock'$$);
+SELECT expect_error($$SET ratelimit.redis_url = 'unix:///run/redis.sock?database=1'$$);
+
+-- Timeouts are unit-aware milliseconds.
+SET ratelimit.command_timeout = '2s';
+SHOW ratelimit.command_timeout;
+SET ratelimit.connect_timeout = 1500;
+SHOW ratelimit.connect_timeout;
+SELECT expect_error($$SET ratelimit.command_timeout = 0$$);
+SELECT expect_error($$SET ratelimit.command_timeout = '2 parsecs'$$);
+
+-- Key segments are safe ids: no separator, no brace, no empty prefix.
+SELECT expect_error($$SET ratelimit.key_prefix = ''$$);
+SELECT expect_error($$SET ratelimit.key_prefix = 'a:b'$$);
+SELECT expect_error($$SET ratelimit.key_scope = '{x}'$$);
+SET ratelimit.key_prefix = 'ratelimit-prod';
+SET ratelimit.key_scope = 'eu-1';
+
+-- The test clock takes ms since the epoch, nothing else.
+SELECT expect_error($$SET ratelimit.test_clock_ms = '-1'$$);
+SELECT expect_error($$SET ratelimit.test_clock_ms = 'now'$$);
+
+-- The prefix is reserved: a typo is caught.
+SELECT expect_error($$SET ratelimit.command_timout = 5$$);

@@ -1,0 +1,26 @@
+-- Installs the extension and a helper that shows an error's SQLSTATE and message.
+CREATE EXTENSION ratelimit;
+
+SELECT e.extname, e.extversion, n.nspname
+FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
+WHERE e.extname = 'ratelimit';
+
+-- Every object the contract names, and nothing callable by PUBLIC that spends budget.
+SELECT pg_describe_object(classid, objid, 0) AS object
+FROM pg_depend
+WHERE refclassid = 'pg_extension'::regclass
+  AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'ratelimit')
+ORDER BY 1;
+
+SELECT proname, has_function_privilege('public', p.oid, 'EXECUTE') AS public_may_execute
+FROM pg_proc p WHERE proname IN ('rl_consume', 'rl_enforce') ORDER BY 1;
+
+CREATE FUNCTION expect_error(statement text) RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE statement;
+    RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+    RETURN SQLSTATE || ': ' || SQLERRM;
+END
+$$;
