@@ -20,12 +20,32 @@ local unit = tonumber(ARGV[3])
 local cost = tonumber(ARGV[4]) * unit
 local ttl = tonumber(ARGV[5])
 
+-- Largest integer a double holds exactly; sums that could pass it saturate there.
+local EXACT_MAX = 9007199254740991
+
+-- True for a whole number in [0, EXACT_MAX] (false for nan, inf, 1.5, 1e20 ...).
+local function is_exact(x)
+  return x ~= nil and x >= 0 and x <= EXACT_MAX and x == math.floor(x)
+end
+
+-- a + b, saturating at EXACT_MAX (only absurd pauses of centuries reach it).
+local function add(a, b)
+  local sum = a + b
+  if sum > EXACT_MAX then
+    return EXACT_MAX
+  end
+  return sum
+end
+
 local now
 if ARGV[6] ~= nil and ARGV[6] ~= '' then
   now = tonumber(ARGV[6])
 else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+if not is_exact(now) then
+  return redis.error_reply('ERR ratelimit clock is not a whole number of ms')
 end
 
 -- Division of doubles can be off by one near an integer: correct it exactly.
@@ -56,7 +76,7 @@ if not state[1] and not state[2] then
 else
   level = tonumber(state[1])
   last = tonumber(state[2])
-  if level == nil or last == nil or level < 0 then
+  if not is_exact(level) or not is_exact(last) then
     return redis.error_reply('ERR ratelimit bucket state is corrupt')
   end
   if level > capacity then
@@ -89,15 +109,15 @@ if level >= cost then
   level = level - cost
   allowed = 1
   redis.call('HSET', key, 'level', level, 'time', last)
-  redis.call('PEXPIRE', key, ttl + paused)
+  redis.call('PEXPIRE', key, add(ttl, paused))
 else
   -- A denial takes nothing and writes nothing: the stored state still refills the same.
-  retry_after = paused + ceil_div(cost - level, rate)
+  retry_after = add(paused, ceil_div(cost - level, rate))
 end
 
 local reset_after = 0
 if level < capacity then
-  reset_after = paused + ceil_div(capacity - level, rate)
+  reset_after = add(paused, ceil_div(capacity - level, rate))
 end
 
 return {allowed, floor_div(level, unit), retry_after, reset_after}
