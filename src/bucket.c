@@ -45,6 +45,7 @@ bucket_params_init(BucketParams *params, int64 capacity, int64 refill_amount,
 		capacity_units >= BUCKET_EXACT_LIMIT - params->rate)
 		return false;
 	params->capacity_units = capacity_units;
+	Assert(params->unit > 0 && params->rate > 0);
 	params->ttl_ms = idle_ttl_ms > 0 ? idle_ttl_ms : bucket_refill_ms(params);
 	return params->ttl_ms >= bucket_refill_ms(params);
 }

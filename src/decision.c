@@ -25,7 +25,10 @@ static RedisScript token_bucket_script = {
 static RedisFailureKind logged_failure = REDIS_FAILURE_NONE;
 static char logged_failure_detail[64];
 
-/* Logs a change of Redis health: a new failure class, or recovery. Never a key or subject. */
+/*
+ * Logs a change of Redis health: a new failure class, or recovery. Never a key
+ * or subject: the statement (which may hold the subject) is kept out of the line.
+ */
 static void
 log_redis_health(const Policy *policy, const RedisFailure *failure)
 {
@@ -34,11 +37,15 @@ log_redis_health(const Policy *policy, const RedisFailure *failure)
 		return;
 	if (failure->kind == REDIS_FAILURE_NONE)
 		ereport(LOG,
-				(errmsg("ratelimit: Redis answers again"),
+				(errhidestmt(true),
+				 errhidecontext(true),
+				 errmsg("ratelimit: Redis answers again"),
 				 errdetail("Policy \"%s\" was decided by Redis.", policy->name)));
 	else
 		ereport(LOG,
-				(errmsg("ratelimit: Redis cannot answer (%s: %s)",
+				(errhidestmt(true),
+				 errhidecontext(true),
+				 errmsg("ratelimit: Redis cannot answer (%s: %s)",
 						redis_failure_kind_name(failure->kind), failure->detail),
 				 errdetail("Policy \"%s\" decides by its fail mode \"%s\" until Redis answers.",
 						   policy->name, policy_fail_mode_name(policy->fail_mode))));
@@ -89,7 +96,8 @@ decision_make(FunctionCallInfo fcinfo, Decision *decision)
 
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
 		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				(errhidestmt(true),
+				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("%s must not be null",
 						PG_ARGISNULL(0) ? "policy" : PG_ARGISNULL(1) ? "subject" : "cost")));
 	policy_name = PG_GETARG_TEXT_PP(0);
@@ -100,11 +108,13 @@ decision_make(FunctionCallInfo fcinfo, Decision *decision)
 	policy = policy_lookup(fcinfo->flinfo->fn_oid, name);
 	if (policy == NULL)
 		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				(errhidestmt(true),
+				 errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("rate limit policy \"%s\" does not exist", name)));
 	if (cost <= 0 || cost > policy->bucket.capacity)
 		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				(errhidestmt(true),
+				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("cost must be between 1 and the capacity of policy \"%s\" (" INT64_FORMAT ")",
 						policy->name, policy->bucket.capacity),
 				 errdetail("The cost was " INT64_FORMAT ".", cost)));
@@ -171,15 +181,23 @@ decision_source_name(DecisionSource source)
 Datum
 decision_to_datum(FunctionCallInfo fcinfo, const Decision *decision)
 {
-	TupleDesc	desc;
+	TupleDesc	desc = (TupleDesc) fcinfo->flinfo->fn_extra;
 	Datum		values[8];
 	bool		nulls[8] = {0};
 
-	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("function returning rl_decision called in a context that cannot accept it")));
-	desc = BlessTupleDesc(desc);
+	/* The row type is looked up once per call site, not once per decision. */
+	if (desc == NULL)
+	{
+		MemoryContext old_context = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
+
+		if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("function returning rl_decision called in a context that cannot accept it")));
+		desc = BlessTupleDesc(desc);
+		MemoryContextSwitchTo(old_context);
+		fcinfo->flinfo->fn_extra = desc;
+	}
 	values[0] = BoolGetDatum(decision->allowed);
 	values[1] = Int64GetDatum(decision->remaining);
 	values[2] = Int64GetDatum(decision->capacity);

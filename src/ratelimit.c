@@ -153,7 +153,8 @@ rl_enforce(PG_FUNCTION_ARGS)
 	decision_make(fcinfo, &decision);
 	if (!decision.allowed)
 		ereport(ERROR,
-				(errcode(ERRCODE_RL_RATE_LIMIT_EXCEEDED),
+				(errhidestmt(true),
+				 errcode(ERRCODE_RL_RATE_LIMIT_EXCEEDED),
 				 errmsg("rate limit exceeded for policy \"%s\"", decision.policy),
 				 errdetail("Retry after " INT64_FORMAT " seconds.",
 						   (decision.retry_after_ms + 999) / 1000),

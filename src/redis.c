@@ -115,6 +115,7 @@ redis_request(TimestampTz deadline, redisReply **reply, RedisFailure *failure)
 	int			done = 0;
 	void	   *answer = NULL;
 
+	Assert(context != NULL && connection.busy);
 	*reply = NULL;
 	for (;;)
 	{
@@ -318,6 +319,7 @@ redis_run_script(RedisScript *script, const char *key, int nargs,
 	TimestampTz deadline;
 	redisReply *reply;
 
+	Assert(nresults > 0 && key != NULL);
 	failure->kind = REDIS_FAILURE_NONE;
 	failure->detail[0] = '\0';
 	redis_script_prepare(script);

@@ -46,11 +46,13 @@ subject_check(const char *subject, int length)
 {
 	if (length == 0)
 		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				(errhidestmt(true),
+				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("rate limit subject must not be empty")));
 	if (length > RL_SUBJECT_MAX_BYTES)
 		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				(errhidestmt(true),
+				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("rate limit subject is too long"),
 				 errdetail("A subject has at most %d bytes; this one has %d.",
 						   RL_SUBJECT_MAX_BYTES, length)));
@@ -76,7 +78,8 @@ append_safe(StringInfo key, const char *text, int length)
 		pg_hmac_update(hmac, (const uint8 *) text, length) < 0 ||
 		pg_hmac_final(hmac, digest, sizeof(digest)) < 0)
 		ereport(ERROR,
-				(errcode(ERRCODE_OUT_OF_MEMORY),
+				(errhidestmt(true),
+				 errcode(ERRCODE_OUT_OF_MEMORY),
 				 errmsg("could not hash a rate limit subject")));
 	pg_hmac_free(hmac);
 
