@@ -63,12 +63,18 @@ COMMENT ON COLUMN @extschema@.rl_policy.version IS
     'bumped by the extension when a change alters the meaning of stored bucket state';
 
 -- Sets version: a new one on insert and whenever algorithm, capacity or refill change;
--- otherwise the old one, whatever the statement said.
+-- otherwise the old one, whatever the statement said. SECURITY DEFINER so that policy
+-- administrators need no right on the sequence.
 CREATE FUNCTION @extschema@.rl_policy_set_version() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF TG_OP = 'INSERT'
-       OR (NEW.algorithm, NEW.capacity, NEW.refill_amount, NEW.refill_period)
+    IF TG_RELID <> '@extschema@.rl_policy'::regclass THEN
+        RAISE EXCEPTION 'rl_policy_set_version is a trigger of rl_policy only'
+            USING ERRCODE = 'trigger_protocol_violated';
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        NEW.version := nextval('@extschema@.rl_policy_version_seq');
+    ELSIF (NEW.algorithm, NEW.capacity, NEW.refill_amount, NEW.refill_period)
           IS DISTINCT FROM (OLD.algorithm, OLD.capacity, OLD.refill_amount, OLD.refill_period) THEN
         NEW.version := nextval('@extschema@.rl_policy_version_seq');
     ELSE
@@ -123,3 +129,6 @@ REVOKE ALL ON FUNCTION @extschema@.rl_consume(text, text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.rl_enforce(text, text, bigint) FROM PUBLIC;
 REVOKE ALL ON @extschema@.rl_policy FROM PUBLIC;
 REVOKE ALL ON SEQUENCE @extschema@.rl_policy_version_seq FROM PUBLIC;
+-- Nobody may attach the trigger functions to a table of their own.
+REVOKE ALL ON FUNCTION @extschema@.rl_policy_set_version() FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.rl_policy_invalidate() FROM PUBLIC;

@@ -13,7 +13,9 @@ FROM rl_consume('fail.closed', 'tenant_f');
 -- 'local' acts as 'closed' until the shared local bucket exists.
 SELECT allowed, remaining, capacity, retry_after_ms, reset_after_ms, policy, source
 FROM rl_consume('fail.local', 'tenant_f');
+-- rl_enforce tells an outage (RL503, an API's 503) from a quota denial (RL429, a 429).
 SELECT expect_error($$SELECT rl_enforce('fail.closed', 'tenant_f')$$);
+SELECT rl_enforce('fail.local', 'tenant_f');
 SELECT allowed, source FROM rl_enforce('fail.open', 'tenant_f');
 -- Bad input is still an error, not a fail-mode decision.
 SELECT expect_error($$SELECT rl_consume('fail.open', 'tenant_f', 11)$$);

@@ -57,5 +57,15 @@ DELETE FROM rl_policy WHERE name = 'reports.export';
 INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, version)
 VALUES ('reports.export', 6, 50, '2 hours', 1);
 SELECT version > (SELECT version FROM seen_versions) AS never_reused FROM rl_policy WHERE name = 'reports.export';
+-- A row outside the bounds (only possible without the constraint) fails its own
+-- decisions, and no others.
+ALTER TABLE rl_policy DROP CONSTRAINT rl_policy_exact_check;
+INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('p.broken', 9007199254740992, 1, '1 ms');
+SELECT expect_error($$SELECT rl_consume('p.broken', 'tenant_1')$$);
+SELECT allowed, source FROM rl_consume('reports.export', 'tenant_broken');
+DELETE FROM rl_policy WHERE name = 'p.broken';
+ALTER TABLE rl_policy ADD CONSTRAINT rl_policy_exact_check
+    CHECK (rl_bucket_is_exact(capacity, refill_amount, refill_period));
+
 -- Back to the README's policy, for the tests that follow.
 UPDATE rl_policy SET capacity = 5, refill_amount = 100, refill_period = '1 hour', fail_mode = 'closed';

@@ -40,6 +40,19 @@ INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, version)
 VALUES ('admin.made', 3, 1, '1 s', 99999);
 SELECT version < 99999 AS version_from_extension FROM rl_policy WHERE name = 'admin.made';
 
+-- Nobody can borrow the version trigger (SECURITY DEFINER) for a table of their own.
+RESET ROLE;
+SET ROLE regress_app;
+CREATE TEMP TABLE borrowed (name text, algorithm text, capacity bigint, refill_amount bigint,
+    refill_period interval, idle_ttl interval, fail_mode text, version integer);
+SELECT expect_error($$CREATE TRIGGER t BEFORE INSERT ON borrowed FOR EACH ROW EXECUTE FUNCTION public.rl_policy_set_version()$$);
+DROP TABLE borrowed;
+RESET ROLE;
+CREATE TEMP TABLE borrowed (LIKE public.rl_policy);
+CREATE TRIGGER t BEFORE INSERT ON borrowed FOR EACH ROW EXECUTE FUNCTION public.rl_policy_set_version();
+SELECT expect_error($$INSERT INTO borrowed VALUES ('x', 'token_bucket', 1, 1, '1 s', NULL, 'open', 1)$$);
+DROP TABLE borrowed;
+
 -- search_path tricks: look-alike functions and tables in a schema searched first.
 RESET ROLE;
 CREATE SCHEMA regress_evil;

@@ -13,7 +13,9 @@ WHERE refclassid = 'pg_extension'::regclass
 ORDER BY 1;
 
 SELECT proname, has_function_privilege('public', p.oid, 'EXECUTE') AS public_may_execute
-FROM pg_proc p WHERE proname IN ('rl_consume', 'rl_enforce') ORDER BY 1;
+FROM pg_proc p
+WHERE proname IN ('rl_consume', 'rl_enforce', 'rl_policy_set_version', 'rl_policy_invalidate')
+ORDER BY 1;
 
 CREATE FUNCTION expect_error(statement text) RETURNS text
 LANGUAGE plpgsql AS $$

@@ -22,8 +22,7 @@ static RedisScript token_bucket_script = {
 };
 
 /* The Redis health this backend last logged, so a failure is logged once per change. */
-static RedisFailureKind logged_failure = REDIS_FAILURE_NONE;
-static char logged_failure_detail[64];
+static RedisFailure logged_failure;
 
 /*
  * Logs a change of Redis health: a new failure class, or recovery. Never a key
@@ -32,8 +31,8 @@ static char logged_failure_detail[64];
 static void
 log_redis_health(const Policy *policy, const RedisFailure *failure)
 {
-	if (failure->kind == logged_failure &&
-		strcmp(failure->detail, logged_failure_detail) == 0)
+	if (failure->kind == logged_failure.kind &&
+		strcmp(failure->detail, logged_failure.detail) == 0)
 		return;
 	if (failure->kind == REDIS_FAILURE_NONE)
 		ereport(LOG,
@@ -49,8 +48,7 @@ log_redis_health(const Policy *policy, const RedisFailure *failure)
 						redis_failure_kind_name(failure->kind), failure->detail),
 				 errdetail("Policy \"%s\" decides by its fail mode \"%s\" until Redis answers.",
 						   policy->name, policy_fail_mode_name(policy->fail_mode))));
-	logged_failure = failure->kind;
-	strlcpy(logged_failure_detail, failure->detail, sizeof(logged_failure_detail));
+	logged_failure = *failure;
 }
 
 /* Fills decision from the policy's fail mode, for when Redis could not decide. */
@@ -111,6 +109,13 @@ decision_make(FunctionCallInfo fcinfo, Decision *decision)
 				(errhidestmt(true),
 				 errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("rate limit policy \"%s\" does not exist", name)));
+	if (!policy->usable)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_CHECK_VIOLATION),
+				 errmsg("rate limit policy \"%s\" is outside the supported bounds", policy->name),
+				 errdetail("With g = gcd(refill_amount, refill_period in ms), capacity * period_ms / g + refill_amount / g must stay below 2^53."),
+				 errhint("Restore the table's constraints and correct the policy.")));
 	if (cost <= 0 || cost > policy->bucket.capacity)
 		ereport(ERROR,
 				(errhidestmt(true),

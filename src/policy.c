@@ -18,6 +18,10 @@
 #include "commands/trigger.h"
 #include "datatype/timestamp.h"
 #include "fmgr.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "storage/latch.h"
+#include "storage/lmgr.h"
 #include "utils/builtins.h"
 #include "utils/hsearch.h"
 #include "utils/inval.h"
@@ -83,7 +87,7 @@ policy_fail_mode_name(FailMode mode)
 	return "closed";
 }
 
-/* Column number of a column of rl_policy, by name. */
+/* Index in a deformed row of rl_policy of the column called column. */
 static AttrNumber
 policy_attnum(Relation rel, const char *column)
 {
@@ -97,7 +101,12 @@ policy_attnum(Relation rel, const char *column)
 	return attnum - 1;
 }
 
-/* Reads every row of rl_policy into a new hash table in a new memory context. */
+/*
+ * Reads every row of rl_policy (locked by the caller) into a new cache, which
+ * replaces the old one only once it is complete. A row outside the bounds
+ * (possible only if someone dropped the table's constraints) is kept marked
+ * unusable, so that it fails its own decisions and no others.
+ */
 static void
 policy_cache_load(Oid relid)
 {
@@ -117,7 +126,8 @@ policy_cache_load(Oid relid)
 				fail_mode_col,
 				version_col;
 
-	context = AllocSetContextCreate(CacheMemoryContext, "ratelimit policies",
+	/* Under the transaction's context until complete, so that an error frees it. */
+	context = AllocSetContextCreate(CurrentMemoryContext, "ratelimit policies",
 									ALLOCSET_SMALL_SIZES);
 	hashctl.keysize = NAMEDATALEN;
 	hashctl.entrysize = sizeof(Policy);
@@ -125,7 +135,7 @@ policy_cache_load(Oid relid)
 	cache = hash_create("ratelimit policies", 64, &hashctl,
 						HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
 
-	rel = table_open(relid, AccessShareLock);
+	rel = table_open(relid, NoLock);
 	desc = RelationGetDescr(rel);
 	name_col = policy_attnum(rel, "name");
 	capacity_col = policy_attnum(rel, "capacity");
@@ -150,23 +160,17 @@ policy_cache_load(Oid relid)
 
 		heap_deform_tuple(tuple, desc, values, nulls);
 		name = TextDatumGetCString(values[name_col]);
-		if (strlen(name) >= NAMEDATALEN)
-			continue;			/* the name constraint makes this impossible */
 		policy = hash_search(cache, name, HASH_ENTER, &found);
 		policy->version = DatumGetInt32(values[version_col]);
 		fail_mode = TextDatumGetCString(values[fail_mode_col]);
 		policy->fail_mode = parse_fail_mode(fail_mode);
 		idle_ttl_ms = nulls[idle_ttl_col] ? 0 :
 			interval_ms(DatumGetIntervalP(values[idle_ttl_col]));
-		if (!bucket_params_init(&policy->bucket,
-								DatumGetInt64(values[capacity_col]),
-								DatumGetInt64(values[refill_amount_col]),
-								interval_ms(DatumGetIntervalP(values[refill_period_col])),
-								idle_ttl_ms))
-			ereport(ERROR,
-					(errcode(ERRCODE_CHECK_VIOLATION),
-					 errmsg("rate limit policy \"%s\" is outside the supported bounds", name),
-					 errdetail("capacity * refill_period_ms / gcd(refill_amount, refill_period_ms) must stay below 2^53.")));
+		policy->usable = bucket_params_init(&policy->bucket,
+											DatumGetInt64(values[capacity_col]),
+											DatumGetInt64(values[refill_amount_col]),
+											interval_ms(DatumGetIntervalP(values[refill_period_col])),
+											idle_ttl_ms);
 		pfree(fail_mode);
 		pfree(name);
 		pfree(values);
@@ -174,12 +178,43 @@ policy_cache_load(Oid relid)
 	}
 	table_endscan(scan);
 	UnregisterSnapshot(snapshot);
-	table_close(rel, AccessShareLock);
+	table_close(rel, NoLock);
 
+	MemoryContextSetParent(context, CacheMemoryContext);
 	if (policy_cache_context != NULL)
 		MemoryContextDelete(policy_cache_context);
 	policy_cache_context = context;
 	policy_cache = cache;
+}
+
+/*
+ * Locks rl_policy for reading without letting a transaction that holds it
+ * exclusively (TRUNCATE, ALTER TABLE) stall decisions. Returns false at once
+ * when an older cache exists: the locker's change is not committed yet, so that
+ * cache may serve until the next call tries again. Without a cache, waits at
+ * most command_timeout.
+ */
+static bool
+policy_cache_lock(Oid relid)
+{
+	int64		deadline = rl_monotonic_us() + (int64) rl_command_timeout_ms * 1000;
+
+	while (!ConditionalLockRelationOid(relid, AccessShareLock))
+	{
+		if (policy_cache != NULL)
+			return false;
+		if (rl_monotonic_us() >= deadline)
+			ereport(ERROR,
+					(errhidestmt(true),
+					 errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+					 errmsg("could not read the rate limit policies: table rl_policy is locked"),
+					 errdetail("Another transaction holds a lock on rl_policy that blocks reading it, as TRUNCATE and ALTER TABLE do.")));
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 5, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+		CHECK_FOR_INTERRUPTS();
+	}
+	return true;
 }
 
 /*
@@ -201,18 +236,22 @@ policy_lookup(Oid function_oid, const char *name)
 					(errcode(ERRCODE_UNDEFINED_TABLE),
 					 errmsg("table rl_policy of extension ratelimit does not exist")));
 		policy_relid = relid;
-		/* Set first: an invalidation that arrives during the load marks it stale again. */
-		policy_cache_valid = true;
-		PG_TRY();
+		if (policy_cache_lock(relid))
 		{
-			policy_cache_load(relid);
+			/* Set first: an invalidation that arrives during the load marks it stale again. */
+			policy_cache_valid = true;
+			PG_TRY();
+			{
+				policy_cache_load(relid);
+			}
+			PG_CATCH();
+			{
+				policy_cache_valid = false;
+				PG_RE_THROW();
+			}
+			PG_END_TRY();
+			UnlockRelationOid(relid, AccessShareLock);
 		}
-		PG_CATCH();
-		{
-			policy_cache_valid = false;
-			PG_RE_THROW();
-		}
-		PG_END_TRY();
 	}
 
 	if (strlen(name) >= NAMEDATALEN)

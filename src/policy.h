@@ -19,6 +19,7 @@ typedef struct Policy
 	char		name[NAMEDATALEN];	/* hash key; the table allows at most 63 bytes */
 	int32		version;
 	FailMode	fail_mode;
+	bool		usable;			/* false: the row is outside the bucket's bounds */
 	BucketParams bucket;
 } Policy;
 

@@ -38,7 +38,7 @@ check_redis_url(char **newval, void **extra, GucSource source)
 		/* Never echo the value: it may hold a password. */
 		GUC_check_errmsg("invalid value for parameter \"ratelimit.redis_url\"");
 		GUC_check_errdetail("%s", problem);
-		GUC_check_errhint("Use redis://[user[:password]@]host[:port][/db] or unix:///path/to/socket[?db=N].");
+		GUC_check_errhint("Use redis://[user[:password]@]host[:port][/db] or unix://[user[:password]@]/path/to/socket[?db=N].");
 		return false;
 	}
 	return true;
@@ -142,22 +142,42 @@ rl_consume(PG_FUNCTION_ARGS)
 	return decision_to_datum(fcinfo, &decision);
 }
 
+/* The DETAIL of a denial: the retry-after in whole seconds, rounded up (for Retry-After). */
+static int
+retry_after_detail(const Decision *decision)
+{
+	int64		seconds = (decision->retry_after_ms + 999) / 1000;
+
+	return errdetail_plural("Retry after " INT64_FORMAT " second.",
+							"Retry after " INT64_FORMAT " seconds.",
+							(unsigned long) seconds, seconds);
+}
+
 PG_FUNCTION_INFO_V1(rl_enforce);
 
-/* rl_enforce(policy, subject, cost): rl_consume, but a denial raises RL429. */
+/*
+ * rl_enforce(policy, subject, cost): rl_consume, but a denial raises RL429 (over
+ * quota) or RL503 (Redis unavailable and the policy fails closed).
+ */
 Datum
 rl_enforce(PG_FUNCTION_ARGS)
 {
 	Decision	decision;
 
 	decision_make(fcinfo, &decision);
+	if (!decision.allowed && decision.source == DECISION_SOURCE_FAIL_CLOSED)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_RL_UNAVAILABLE),
+				 errmsg("rate limiter unavailable for policy \"%s\"", decision.policy),
+				 retry_after_detail(&decision),
+				 errhint("Redis did not answer and the policy fails closed.")));
 	if (!decision.allowed)
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_RL_RATE_LIMIT_EXCEEDED),
 				 errmsg("rate limit exceeded for policy \"%s\"", decision.policy),
-				 errdetail("Retry after " INT64_FORMAT " seconds.",
-						   (decision.retry_after_ms + 999) / 1000),
+				 retry_after_detail(&decision),
 				 errhint("Wait before retrying; the limit is " INT64_FORMAT ".",
 						 decision.capacity)));
 	return decision_to_datum(fcinfo, &decision);

@@ -8,12 +8,18 @@
 
 #include "postgres.h"
 
+#include "portability/instr_time.h"
+
 #if PG_VERSION_NUM < 150000
 #error "ratelimit needs PostgreSQL 15 or newer"
 #endif
 
-/* Our own SQLSTATE for a denied rl_enforce: class "RL" is not one of PostgreSQL's. */
+/*
+ * Our own SQLSTATEs for a denied rl_enforce (class "RL" is not one of PostgreSQL's):
+ * over quota (an API answers 429), or Redis unavailable under a closed fail mode (503).
+ */
 #define ERRCODE_RL_RATE_LIMIT_EXCEEDED MAKE_SQLSTATE('R', 'L', '4', '2', '9')
+#define ERRCODE_RL_UNAVAILABLE MAKE_SQLSTATE('R', 'L', '5', '0', '3')
 
 /* The longest subject accepted, in bytes; longer ones are an error, not truncated. */
 #define RL_SUBJECT_MAX_BYTES 1024
@@ -26,5 +32,15 @@ extern char *rl_key_prefix;
 extern char *rl_key_scope;
 extern char *rl_subject_secret;
 extern char *rl_test_clock_ms;
+
+/* Microseconds on a monotonic clock: deadlines must not move when the wall clock does. */
+static inline int64
+rl_monotonic_us(void)
+{
+	instr_time	now;
+
+	INSTR_TIME_SET_CURRENT(now);
+	return (int64) INSTR_TIME_GET_MICROSEC(now);
+}
 
 #endif							/* RATELIMIT_H */

@@ -25,7 +25,6 @@
 #include "storage/fd.h"
 #include "storage/latch.h"
 #include "utils/memutils.h"
-#include "utils/timestamp.h"
 
 #include "redis.h"
 #include "redis_url.h"
@@ -76,18 +75,46 @@ fail_and_disconnect(RedisFailure *failure, RedisFailureKind kind, const char *de
 }
 
 /*
+ * CHECK_FOR_INTERRUPTS, but a cancel or statement timeout raised here is logged
+ * without the statement, which may hold a subject.
+ */
+static void
+redis_check_for_interrupts(void)
+{
+	MemoryContext context = CurrentMemoryContext;
+
+	if (!INTERRUPTS_PENDING_CONDITION())
+		return;
+	PG_TRY();
+	{
+		CHECK_FOR_INTERRUPTS();
+	}
+	PG_CATCH();
+	{
+		ErrorData  *error;
+
+		MemoryContextSwitchTo(context);
+		error = CopyErrorData();
+		FlushErrorState();
+		error->hide_stmt = true;
+		ReThrowError(error);
+	}
+	PG_END_TRY();
+}
+
+/*
  * Waits until the socket is ready for events (WL_SOCKET_READABLE or
  * WL_SOCKET_WRITEABLE) or the deadline passes; false on timeout. Interrupts
  * are served while waiting, so a cancel raises its error from here.
  */
 static bool
-redis_wait(uint32 events, TimestampTz deadline)
+redis_wait(uint32 events, int64 deadline)
 {
 	ModifyWaitEvent(connection.wait_set, connection.socket_event, events, NULL);
 	for (;;)
 	{
 		WaitEvent	event;
-		TimestampTz now = GetCurrentTimestamp();
+		int64		now = rl_monotonic_us();
 		long		remaining_ms;
 
 		if (now >= deadline)
@@ -99,7 +126,7 @@ redis_wait(uint32 events, TimestampTz deadline)
 		if (event.events & WL_LATCH_SET)
 		{
 			ResetLatch(MyLatch);
-			CHECK_FOR_INTERRUPTS();
+			redis_check_for_interrupts();
 			continue;
 		}
 		if (event.events & events)
@@ -107,9 +134,12 @@ redis_wait(uint32 events, TimestampTz deadline)
 	}
 }
 
-/* Sends what hiredis has buffered, then reads one reply; NULL reply on failure. */
+/*
+ * Sends what hiredis has buffered, then reads one reply; NULL reply on failure.
+ * deadline is in rl_monotonic_us() time.
+ */
 static bool
-redis_request(TimestampTz deadline, redisReply **reply, RedisFailure *failure)
+redis_request(int64 deadline, redisReply **reply, RedisFailure *failure)
 {
 	redisContext *context = connection.context;
 	int			done = 0;
@@ -159,7 +189,7 @@ fail_with_error_reply(RedisFailure *failure, redisReply *reply)
 
 /* Sends one command of the handshake and expects a status or OK reply. */
 static bool
-redis_handshake_command(int argc, const char **argv, TimestampTz deadline,
+redis_handshake_command(int argc, const char **argv, int64 deadline,
 						RedisFailure *failure)
 {
 	redisReply *reply;
@@ -187,7 +217,7 @@ redis_connect(RedisFailure *failure)
 {
 	RedisUrl	url;
 	const char *problem;
-	TimestampTz deadline;
+	int64		deadline;
 	redisContext *context;
 	int			socket_error = 0;
 	socklen_t	length = sizeof(socket_error);
@@ -226,7 +256,7 @@ redis_connect(RedisFailure *failure)
 												context->fd, NULL, NULL);
 
 	/* A non-blocking connect is done when the socket is writable; SO_ERROR says how. */
-	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), rl_connect_timeout_ms);
+	deadline = rl_monotonic_us() + (int64) rl_connect_timeout_ms * 1000;
 	if (!redis_wait(WL_SOCKET_WRITEABLE, deadline))
 		return fail_and_disconnect(failure, REDIS_FAILURE_TIMEOUT, "connect timeout");
 	if (getsockopt(context->fd, SOL_SOCKET, SO_ERROR, &socket_error, &length) != 0)
@@ -316,7 +346,7 @@ redis_run_script(RedisScript *script, const char *key, int nargs,
 				 const char *const *args, long long *results, int nresults,
 				 RedisFailure *failure)
 {
-	TimestampTz deadline;
+	int64		deadline;
 	redisReply *reply;
 
 	Assert(nresults > 0 && key != NULL);
@@ -331,7 +361,7 @@ redis_run_script(RedisScript *script, const char *key, int nargs,
 	if (connection.context == NULL && !redis_connect(failure))
 		return false;
 
-	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), rl_command_timeout_ms);
+	deadline = rl_monotonic_us() + (int64) rl_command_timeout_ms * 1000;
 	connection.busy = true;
 	if (!redis_append_script(script, true, key, nargs, args, failure) ||
 		!redis_request(deadline, &reply, failure))

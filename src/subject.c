@@ -16,6 +16,7 @@
 #include "common/sha2.h"
 #include "miscadmin.h"
 #include "commands/dbcommands.h"
+#include "utils/builtins.h"
 #include "utils/memutils.h"
 
 #include "subject.h"
@@ -84,8 +85,9 @@ append_safe(StringInfo key, const char *text, int length)
 	pg_hmac_free(hmac);
 
 	appendStringInfoChar(key, '#');
-	for (int i = 0; i < SUBJECT_HASH_BYTES; i++)
-		appendStringInfo(key, "%02x", digest[i]);
+	enlargeStringInfo(key, 2 * SUBJECT_HASH_BYTES);
+	key->len += hex_encode((const char *) digest, SUBJECT_HASH_BYTES, key->data + key->len);
+	key->data[key->len] = '\0';
 }
 
 /* The scope segment's source: ratelimit.key_scope, else this database's name. */

@@ -119,12 +119,14 @@ ok(@long_cannot >= 1 && @long_cannot <= 2,
 	'the older session logs the outage, at most once per kind of failure')
   or diag explain \@long_cannot;
 
-# rl_enforce: open lets through, closed raises the rate limit error.
+# rl_enforce: open lets through, closed raises the "unavailable" error (an API's 503,
+# not a quota 429).
 my ($out, $err) = $fresh->query(decision_sql('f_open', 'enforce_1', 1, 'rl_enforce'));
 is(parse_decision($out)->{source}, 'fail_open', 'rl_enforce with open: allowed');
 ($out, $err) = $fresh->query(decision_sql('f_closed', 'enforce_1', 1, 'rl_enforce'));
-is(sqlstate_of($err), 'RL429', 'rl_enforce with closed: SQLSTATE RL429');
-like($err, qr/DETAIL:\s+Retry after [1-9]\d* seconds/, 'with a retry-after');
+is(sqlstate_of($err), 'RL503', 'rl_enforce with closed: SQLSTATE RL503');
+like($err, qr/rate limiter unavailable for policy "f_closed"/, 'saying the limiter is unavailable');
+like($err, qr/DETAIL:\s+Retry after [1-9]\d* seconds?\./, 'with a retry-after');
 
 my $log = log_since($node, $offset);
 unlike(own_lines($offset), qr/\Q$subject\E/, 'the LOG and DETAIL lines never name the subject');
@@ -133,7 +135,8 @@ unlike(own_lines($offset), qr/\Q$subject\E/, 'the LOG and DETAIL lines never nam
 # extension hides it: the statement carries the subject.
 unlike($log, qr/\Q$subject\E/, 'the log never names the subject (not even in a STATEMENT line)');
 unlike($log, qr/rl:postgres:/, 'the log never names a key');
-unlike($log, qr/\bERROR:(?!.*rate limit exceeded)/, 'no ERROR but the rate limit one');
+unlike($log, qr/\bERROR:(?!.*(?:rate limit exceeded|rate limiter unavailable))/,
+	'no ERROR but the rate limit ones');
 
 # Same port, empty dataset: the backends reconnect by themselves.
 $offset = log_offset($node);

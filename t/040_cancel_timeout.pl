@@ -81,6 +81,10 @@ is(sqlstate_of($err), '57014', 'pg_cancel_backend cancels the decision (57014)')
   or diag $err;
 like($err, qr/canceling statement due to user request/, 'as a user request');
 cmp_ok($cancel_elapsed, '<', 1, 'within a second of the cancel');
+my $cancel_log = log_since($node, $offset);
+like($cancel_log, qr/canceling statement due to user request/, 'the cancel is logged');
+unlike($cancel_log, qr/cancel_subject/,
+	'without the statement (timeouts and cancels alike), which holds the subject');
 
 # (d) Redis thaws: the same session decides by Redis again, on a new
 # connection. A reused one would hand back the stale answer to (c), a

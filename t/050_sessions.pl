@@ -155,6 +155,26 @@ $writer->query_ok('ROLLBACK');
 decision_is($sa->consume('p', 's1'), { version => $v4, remaining => 7 },
 	'nor one rolled back');
 
+# A transaction that holds rl_policy exclusively (an uncommitted TRUNCATE) stalls no
+# decision: a session with a cache decides by it (the TRUNCATE is not committed), and
+# one without a cache gives up after command_timeout with 55P03.
+$node->safe_psql('postgres', q{UPDATE rl_policy SET fail_mode = 'closed' WHERE name = 'q'});
+$writer->query_ok('BEGIN; TRUNCATE rl_policy');
+my ($elapsed, $held) = timed(sub { $sa->consume('p', 's1') });
+is_deeply([ @$held{qw(source stderr)} ], [ 'redis', '' ],
+	'while TRUNCATE is uncommitted, a session with a (stale) cache still decides')
+  or diag explain $held;
+cmp_ok($elapsed, '<', 0.5, 'without queueing for the lock');
+my $newcomer = session($node);
+$newcomer->query_ok("SET ratelimit.command_timeout = '300ms'");
+($elapsed, $held) = timed(sub { $newcomer->consume('p', 's3') });
+is(sqlstate_of($held->{stderr}), '55P03', 'a session without a cache: 55P03')
+  or diag $held->{stderr};
+cmp_ok($elapsed, '<', 1.3, 'within a second of command_timeout');
+$writer->query_ok('ROLLBACK');
+is($newcomer->consume('p', 's3')->{source}, 'redis', 'once the lock is gone it decides');
+$newcomer->quit;
+
 # TRUNCATE is a change too.
 $node->safe_psql('postgres', 'TRUNCATE rl_policy');
 is(sqlstate_of($sa->consume('n', 's1')->{stderr}), '42704', 'TRUNCATE empties every cache');
