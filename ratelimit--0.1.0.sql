@@ -49,6 +49,8 @@ CREATE TABLE @extschema@.rl_policy (
     idle_ttl      interval,
     fail_mode     text NOT NULL DEFAULT 'closed'
                   CONSTRAINT rl_policy_fail_mode_check CHECK (fail_mode IN ('open', 'closed', 'local')),
+    local_share   numeric NOT NULL DEFAULT 1
+                  CONSTRAINT rl_policy_local_share_check CHECK (local_share > 0 AND local_share <= 1),
     version       integer NOT NULL DEFAULT 0,
     CONSTRAINT rl_policy_idle_ttl_check
         CHECK (idle_ttl IS NULL
@@ -62,15 +64,26 @@ COMMENT ON TABLE @extschema@.rl_policy IS 'rate limit policies: one row per limi
 COMMENT ON COLUMN @extschema@.rl_policy.version IS
     'bumped by the extension when a change alters the meaning of stored bucket state';
 
+-- True when local fallback buckets exist (ratelimit is in shared_preload_libraries).
+CREATE FUNCTION @extschema@.rl_local_available() RETURNS boolean
+AS 'MODULE_PATHNAME', 'rl_local_available' LANGUAGE C STABLE PARALLEL SAFE;
+
 -- Sets version: a new one on insert and whenever algorithm, capacity or refill change;
--- otherwise the old one, whatever the statement said. SECURITY DEFINER so that policy
--- administrators need no right on the sequence.
+-- otherwise the old one, whatever the statement said. Warns when a 'local' policy has
+-- no local bucket to fall back on. SECURITY DEFINER so that policy administrators need
+-- no right on the sequence.
 CREATE FUNCTION @extschema@.rl_policy_set_version() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF TG_RELID <> '@extschema@.rl_policy'::regclass THEN
         RAISE EXCEPTION 'rl_policy_set_version is a trigger of rl_policy only'
             USING ERRCODE = 'trigger_protocol_violated';
+    END IF;
+    IF NEW.fail_mode = 'local' AND (TG_OP = 'INSERT' OR OLD.fail_mode <> 'local')
+       AND NOT @extschema@.rl_local_available() THEN
+        RAISE WARNING 'policy "%" falls back to closed, not local, while Redis cannot answer', NEW.name
+            USING DETAIL = 'Local fallback buckets live in shared memory: ratelimit is not in shared_preload_libraries.',
+                  HINT = 'Add ratelimit to shared_preload_libraries and restart the server.';
     END IF;
     IF TG_OP = 'INSERT' THEN
         NEW.version := nextval('@extschema@.rl_policy_version_seq');
@@ -119,6 +132,19 @@ CREATE FUNCTION @extschema@.rl_enforce(policy text, subject text, cost bigint DE
 RETURNS @extschema@.rl_decision
 AS 'MODULE_PATHNAME', 'rl_enforce' LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
+-- The limiter's health: Redis reachable or not (since when), the breaker, the local buckets.
+-- Without shared_preload_libraries it is this session's own view (shared = false).
+CREATE FUNCTION @extschema@.rl_health(
+    OUT redis_reachable boolean,
+    OUT since timestamptz,
+    OUT breaker text,
+    OUT retry_in_ms bigint,
+    OUT last_error text,
+    OUT local_buckets_in_use integer,
+    OUT local_buckets integer,
+    OUT shared boolean)
+AS 'MODULE_PATHNAME', 'rl_health' LANGUAGE C VOLATILE PARALLEL SAFE;
+
 COMMENT ON FUNCTION @extschema@.rl_consume(text, text, bigint) IS
     'take cost tokens from the subject''s bucket if they are all there; returns the decision';
 COMMENT ON FUNCTION @extschema@.rl_enforce(text, text, bigint) IS
@@ -129,6 +155,10 @@ REVOKE ALL ON FUNCTION @extschema@.rl_consume(text, text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.rl_enforce(text, text, bigint) FROM PUBLIC;
 REVOKE ALL ON @extschema@.rl_policy FROM PUBLIC;
 REVOKE ALL ON SEQUENCE @extschema@.rl_policy_version_seq FROM PUBLIC;
+-- Health is for monitoring: pg_monitor members (and roles granted EXECUTE) may read it.
+REVOKE ALL ON FUNCTION @extschema@.rl_health() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.rl_health() TO pg_monitor;
+REVOKE ALL ON FUNCTION @extschema@.rl_local_available() FROM PUBLIC;
 -- Nobody may attach the trigger functions to a table of their own.
 REVOKE ALL ON FUNCTION @extschema@.rl_policy_set_version() FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.rl_policy_invalidate() FROM PUBLIC;

@@ -60,7 +60,9 @@ GRANT USAGE ON SCHEMA regress_evil TO PUBLIC;
 CREATE FUNCTION regress_evil.gcd(numeric, numeric) RETURNS numeric LANGUAGE sql AS 'SELECT 1::numeric';
 CREATE FUNCTION regress_evil.nextval(regclass) RETURNS bigint LANGUAGE sql AS 'SELECT 99999::bigint';
 CREATE TABLE regress_evil.rl_policy (LIKE public.rl_policy);
-INSERT INTO regress_evil.rl_policy VALUES ('reports.export', 'token_bucket', 1000000, 1, '1 s', NULL, 'open', 1);
+INSERT INTO regress_evil.rl_policy
+    (name, algorithm, capacity, refill_amount, refill_period, fail_mode, local_share, version)
+VALUES ('reports.export', 'token_bucket', 1000000, 1, '1 s', 'open', 1, 1);
 GRANT SELECT ON regress_evil.rl_policy TO PUBLIC;
 SET ROLE regress_policy_admin;
 SET search_path = regress_evil, pg_catalog, public;

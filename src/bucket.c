@@ -1,7 +1,10 @@
 /*
  * bucket.c
  *	  Token bucket arithmetic in C: turns a policy into the exact integer units
- *	  that lua/token_bucket.lua works in, and checks the bounds that keep it exact.
+ *	  that lua/token_bucket.lua works in, checks the bounds that keep it exact,
+ *	  and makes the script's decision for buckets kept in PostgreSQL (the local
+ *	  fallback). Keep bucket_take and the script step for step alike: a test
+ *	  feeds both the same (time, cost) sequence and compares every answer.
  */
 #include "ratelimit.h"
 
@@ -55,4 +58,89 @@ int64
 bucket_refill_ms(const BucketParams *params)
 {
 	return (params->capacity_units + params->rate - 1) / params->rate;
+}
+
+/* a / b rounded down, for a >= 0 and b > 0. */
+static int64
+floor_div(int64 a, int64 b)
+{
+	return a / b;
+}
+
+/* a / b rounded up, for a >= 0 and b > 0. */
+static int64
+ceil_div(int64 a, int64 b)
+{
+	return (a + b - 1) / b;
+}
+
+/* a + b, saturating where the script's doubles stop being exact. */
+static int64
+add_saturating(int64 a, int64 b)
+{
+	int64		sum;
+
+	if (pg_add_s64_overflow(a, b, &sum) || sum > BUCKET_EXACT_LIMIT - 1)
+		return BUCKET_EXACT_LIMIT - 1;
+	return sum;
+}
+
+/* A new bucket: full, as a missing Redis key is. */
+void
+bucket_state_full(const BucketParams *params, BucketState *state, int64 now_ms)
+{
+	state->level = params->capacity_units;
+	state->last_ms = now_ms;
+}
+
+/*
+ * Refills state to now_ms, then takes cost tokens if they are all there. A
+ * denial leaves state as it was (the script writes nothing either).
+ */
+void
+bucket_take(const BucketParams *params, BucketState *state, int64 now_ms,
+			int64 cost, BucketResult *result)
+{
+	int64		capacity = params->capacity_units;
+	int64		need = cost * params->unit;
+	int64		level = Min(state->level, capacity);
+	int64		last = state->last_ms;
+	int64		paused = 0;
+
+	/* A clock that steps back adds nothing and does not move `last` back. */
+	if (now_ms > last)
+	{
+		int64		elapsed = now_ms - last;
+
+		if (elapsed >= ceil_div(capacity - level, params->rate))
+			level = capacity;
+		else
+			level += elapsed * params->rate;
+		last = now_ms;
+	}
+	else
+		paused = last - now_ms;
+
+	result->allowed = level >= need;
+	result->retry_after_ms = 0;
+	if (result->allowed)
+	{
+		level -= need;
+		state->level = level;
+		state->last_ms = last;
+	}
+	else
+		result->retry_after_ms = add_saturating(paused, ceil_div(need - level, params->rate));
+	result->remaining = floor_div(level, params->unit);
+	result->reset_after_ms = level < capacity ?
+		add_saturating(paused, ceil_div(capacity - level, params->rate)) : 0;
+}
+
+/* True when the bucket has refilled completely by now_ms: forgetting it loses nothing. */
+bool
+bucket_is_full(const BucketParams *params, const BucketState *state, int64 now_ms)
+{
+	return now_ms >= state->last_ms &&
+		now_ms - state->last_ms >= ceil_div(params->capacity_units - Min(state->level, params->capacity_units),
+											params->rate);
 }

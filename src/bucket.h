@@ -1,7 +1,7 @@
 /*
  * bucket.h
- *	  Token bucket parameters in exact integer units, shared by the Lua script
- *	  and the C code.
+ *	  The token bucket in exact integer units: its parameters, and the same
+ *	  decision lua/token_bucket.lua makes in Redis, for buckets kept here.
  */
 #ifndef RL_BUCKET_H
 #define RL_BUCKET_H
@@ -22,9 +22,29 @@ typedef struct BucketParams
 	int64		ttl_ms;			/* idle TTL of the Redis key */
 } BucketParams;
 
+/* A bucket's stored state, as the Lua script's hash fields `level` and `time`. */
+typedef struct BucketState
+{
+	int64		level;			/* units */
+	int64		last_ms;		/* time of the last write, ms since the epoch */
+} BucketState;
+
+/* What a take answers: the script's reply. */
+typedef struct BucketResult
+{
+	bool		allowed;
+	int64		remaining;		/* whole tokens */
+	int64		retry_after_ms;
+	int64		reset_after_ms;
+} BucketResult;
+
 extern bool bucket_params_init(BucketParams *params, int64 capacity,
 							   int64 refill_amount, int64 refill_period_ms,
 							   int64 idle_ttl_ms);
 extern int64 bucket_refill_ms(const BucketParams *params);
+extern void bucket_state_full(const BucketParams *params, BucketState *state, int64 now_ms);
+extern void bucket_take(const BucketParams *params, BucketState *state, int64 now_ms,
+						int64 cost, BucketResult *result);
+extern bool bucket_is_full(const BucketParams *params, const BucketState *state, int64 now_ms);
 
 #endif							/* RL_BUCKET_H */

@@ -7,10 +7,15 @@
 #include "ratelimit.h"
 
 #include "access/htup_details.h"
+#include "common/hashfn.h"
 #include "funcapi.h"
+#include "miscadmin.h"
 #include "utils/builtins.h"
+#include "utils/timestamp.h"
 
+#include "breaker.h"
 #include "decision.h"
+#include "local.h"
 #include "policy.h"
 #include "redis.h"
 #include "scripts.h"
@@ -51,27 +56,99 @@ log_redis_health(const Policy *policy, const RedisFailure *failure)
 	logged_failure = *failure;
 }
 
+/* Now in ms since the epoch: the test clock when set, else this server's clock. */
+static int64
+decision_now_ms(void)
+{
+	if (rl_test_clock_ms != NULL && rl_test_clock_ms[0] != '\0')
+		return strtoi64(rl_test_clock_ms, NULL, 10);
+	return GetCurrentTimestamp() / 1000 +
+		(int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * 1000;
+}
+
+/* The local bucket's key: database, policy, version and subject, hashed (never 0). */
+static uint64
+local_key(const Policy *policy, const char *subject, int length)
+{
+	uint64		seed = hash_bytes_extended((const unsigned char *) policy->name,
+										   strlen(policy->name),
+										   ((uint64) MyDatabaseId << 32) | (uint32) policy->version);
+	uint64		key = hash_bytes_extended((const unsigned char *) subject, length, seed);
+
+	return key != 0 ? key : 1;
+}
+
 /* Fills decision from the policy's fail mode, for when Redis could not decide. */
 static void
-decide_by_fail_mode(const Policy *policy, Decision *decision)
+decide_by_fail_mode(const Policy *policy, const char *subject, int length,
+					int64 cost, Decision *decision)
 {
-	/* 'local' acts as 'closed' until the shared local bucket exists. */
 	if (policy->fail_mode == FAIL_MODE_OPEN)
 	{
 		decision->allowed = true;
-		decision->remaining = 0;
-		decision->retry_after_ms = 0;
-		decision->reset_after_ms = 0;
 		decision->source = DECISION_SOURCE_FAIL_OPEN;
+		return;
 	}
-	else
+	if (policy->fail_mode == FAIL_MODE_LOCAL && local_available() &&
+		policy->local_usable && cost <= policy->local_bucket.capacity)
 	{
-		decision->allowed = false;
-		decision->remaining = 0;
-		decision->retry_after_ms = DECISION_FAIL_CLOSED_RETRY_MS;
-		decision->reset_after_ms = DECISION_FAIL_CLOSED_RETRY_MS;
-		decision->source = DECISION_SOURCE_FAIL_CLOSED;
+		BucketResult result;
+
+		local_take(&policy->local_bucket, local_key(policy, subject, length),
+				   decision_now_ms(), cost, &result);
+		decision->allowed = result.allowed;
+		decision->remaining = result.remaining;
+		decision->retry_after_ms = result.retry_after_ms;
+		decision->reset_after_ms = result.reset_after_ms;
+		decision->source = DECISION_SOURCE_LOCAL;
+		return;
 	}
+	/* 'closed', and 'local' where no local bucket can decide (no preload, cost too high). */
+	decision->allowed = false;
+	decision->retry_after_ms = breaker_retry_after_ms();
+	decision->reset_after_ms = decision->retry_after_ms;
+	decision->source = DECISION_SOURCE_FAIL_CLOSED;
+}
+
+/* Asks Redis; true with decision filled when it answered, else failure says why. */
+static bool
+decide_by_redis(const Policy *policy, const char *subject, int length, int64 cost,
+				Decision *decision, RedisFailure *failure)
+{
+	StringInfoData key;
+	char		numbers[6][24];
+	const char *args[6];
+	long long	results[4];
+	bool		answered;
+
+	initStringInfo(&key);
+	subject_build_key(&key, policy, subject, length);
+	snprintf(numbers[0], sizeof(numbers[0]), INT64_FORMAT, policy->bucket.capacity_units);
+	snprintf(numbers[1], sizeof(numbers[1]), INT64_FORMAT, policy->bucket.rate);
+	snprintf(numbers[2], sizeof(numbers[2]), INT64_FORMAT, policy->bucket.unit);
+	snprintf(numbers[3], sizeof(numbers[3]), INT64_FORMAT, cost);
+	snprintf(numbers[4], sizeof(numbers[4]), INT64_FORMAT, policy->bucket.ttl_ms);
+	strlcpy(numbers[5], rl_test_clock_ms ? rl_test_clock_ms : "", sizeof(numbers[5]));
+	for (int i = 0; i < 6; i++)
+		args[i] = numbers[i];
+
+	answered = redis_run_script(&token_bucket_script, key.data, 6, args, results, 4, failure);
+	pfree(key.data);
+	if (answered && (results[1] < 0 || results[2] < 0 || results[3] < 0))
+	{
+		failure->kind = REDIS_FAILURE_PROTOCOL;
+		strlcpy(failure->detail, "unexpected reply", sizeof(failure->detail));
+		answered = false;
+	}
+	if (answered)
+	{
+		decision->allowed = results[0] == 1;
+		decision->remaining = results[1];
+		decision->retry_after_ms = results[2];
+		decision->reset_after_ms = results[3];
+		decision->source = DECISION_SOURCE_REDIS;
+	}
+	return answered;
 }
 
 /*
@@ -82,15 +159,12 @@ void
 decision_make(FunctionCallInfo fcinfo, Decision *decision)
 {
 	text	   *policy_name;
-	text	   *subject;
+	text	   *subject_text;
+	const char *subject;
+	int			length;
 	int64		cost;
 	char	   *name;
 	const Policy *policy;
-	StringInfoData key;
-	char		numbers[6][24];
-	const char *args[6];
-	long long	results[4];
-	RedisFailure failure;
 
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
 		ereport(ERROR,
@@ -99,7 +173,9 @@ decision_make(FunctionCallInfo fcinfo, Decision *decision)
 				 errmsg("%s must not be null",
 						PG_ARGISNULL(0) ? "policy" : PG_ARGISNULL(1) ? "subject" : "cost")));
 	policy_name = PG_GETARG_TEXT_PP(0);
-	subject = PG_GETARG_TEXT_PP(1);
+	subject_text = PG_GETARG_TEXT_PP(1);
+	subject = VARDATA_ANY(subject_text);
+	length = VARSIZE_ANY_EXHDR(subject_text);
 	cost = PG_GETARG_INT64(2);
 
 	name = text_to_cstring(policy_name);
@@ -109,6 +185,7 @@ decision_make(FunctionCallInfo fcinfo, Decision *decision)
 				(errhidestmt(true),
 				 errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("rate limit policy \"%s\" does not exist", name)));
+	pfree(name);
 	if (!policy->usable)
 		ereport(ERROR,
 				(errhidestmt(true),
@@ -123,45 +200,26 @@ decision_make(FunctionCallInfo fcinfo, Decision *decision)
 				 errmsg("cost must be between 1 and the capacity of policy \"%s\" (" INT64_FORMAT ")",
 						policy->name, policy->bucket.capacity),
 				 errdetail("The cost was " INT64_FORMAT ".", cost)));
-	subject_check(VARDATA_ANY(subject), VARSIZE_ANY_EXHDR(subject));
+	subject_check(subject, length);
 
 	memset(decision, 0, sizeof(*decision));
 	strlcpy(decision->policy, policy->name, sizeof(decision->policy));
 	decision->version = policy->version;
 	decision->capacity = policy->bucket.capacity;
 
-	initStringInfo(&key);
-	subject_build_key(&key, policy, VARDATA_ANY(subject), VARSIZE_ANY_EXHDR(subject));
-	snprintf(numbers[0], sizeof(numbers[0]), INT64_FORMAT, policy->bucket.capacity_units);
-	snprintf(numbers[1], sizeof(numbers[1]), INT64_FORMAT, policy->bucket.rate);
-	snprintf(numbers[2], sizeof(numbers[2]), INT64_FORMAT, policy->bucket.unit);
-	snprintf(numbers[3], sizeof(numbers[3]), INT64_FORMAT, cost);
-	snprintf(numbers[4], sizeof(numbers[4]), INT64_FORMAT, policy->bucket.ttl_ms);
-	strlcpy(numbers[5], rl_test_clock_ms ? rl_test_clock_ms : "", sizeof(numbers[5]));
-	for (int i = 0; i < 6; i++)
-		args[i] = numbers[i];
+	/* While the breaker is open, Redis is not asked at all. */
+	if (breaker_allows_attempt())
+	{
+		RedisFailure failure;
+		bool		answered = decide_by_redis(policy, subject, length, cost,
+											   decision, &failure);
 
-	if (redis_run_script(&token_bucket_script, key.data, 6, args, results, 4, &failure) &&
-		results[1] >= 0 && results[2] >= 0 && results[3] >= 0)
-	{
-		decision->allowed = results[0] == 1;
-		decision->remaining = results[1];
-		decision->retry_after_ms = results[2];
-		decision->reset_after_ms = results[3];
-		decision->source = DECISION_SOURCE_REDIS;
+		breaker_record(&failure);
+		log_redis_health(policy, &failure);
+		if (answered)
+			return;
 	}
-	else
-	{
-		if (failure.kind == REDIS_FAILURE_NONE)
-		{
-			failure.kind = REDIS_FAILURE_PROTOCOL;
-			strlcpy(failure.detail, "unexpected reply", sizeof(failure.detail));
-		}
-		decide_by_fail_mode(policy, decision);
-	}
-	log_redis_health(policy, &failure);
-	pfree(key.data);
-	pfree(name);
+	decide_by_fail_mode(policy, subject, length, cost, decision);
 }
 
 /* The source column's text. */

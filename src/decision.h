@@ -28,9 +28,6 @@ typedef struct Decision
 	DecisionSource source;
 } Decision;
 
-/* How long a fail_closed denial tells the client to wait. */
-#define DECISION_FAIL_CLOSED_RETRY_MS 1000
-
 extern void decision_make(FunctionCallInfo fcinfo, Decision *decision);
 extern Datum decision_to_datum(FunctionCallInfo fcinfo, const Decision *decision);
 

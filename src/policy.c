@@ -15,6 +15,8 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "catalog/pg_type.h"
+#include <math.h>
+
 #include "commands/trigger.h"
 #include "datatype/timestamp.h"
 #include "fmgr.h"
@@ -124,6 +126,7 @@ policy_cache_load(Oid relid)
 				refill_period_col,
 				idle_ttl_col,
 				fail_mode_col,
+				local_share_col,
 				version_col;
 
 	/* Under the transaction's context until complete, so that an error frees it. */
@@ -143,6 +146,7 @@ policy_cache_load(Oid relid)
 	refill_period_col = policy_attnum(rel, "refill_period");
 	idle_ttl_col = policy_attnum(rel, "idle_ttl");
 	fail_mode_col = policy_attnum(rel, "fail_mode");
+	local_share_col = policy_attnum(rel, "local_share");
 	version_col = policy_attnum(rel, "version");
 
 	/* The latest snapshot: a change is seen from the moment it commits. */
@@ -157,6 +161,10 @@ policy_cache_load(Oid relid)
 		Policy	   *policy;
 		bool		found;
 		int64		idle_ttl_ms;
+		int64		capacity;
+		int64		refill_amount;
+		int64		period_ms;
+		double		share;
 
 		heap_deform_tuple(tuple, desc, values, nulls);
 		name = TextDatumGetCString(values[name_col]);
@@ -166,11 +174,22 @@ policy_cache_load(Oid relid)
 		policy->fail_mode = parse_fail_mode(fail_mode);
 		idle_ttl_ms = nulls[idle_ttl_col] ? 0 :
 			interval_ms(DatumGetIntervalP(values[idle_ttl_col]));
-		policy->usable = bucket_params_init(&policy->bucket,
-											DatumGetInt64(values[capacity_col]),
-											DatumGetInt64(values[refill_amount_col]),
-											interval_ms(DatumGetIntervalP(values[refill_period_col])),
-											idle_ttl_ms);
+		capacity = DatumGetInt64(values[capacity_col]);
+		refill_amount = DatumGetInt64(values[refill_amount_col]);
+		period_ms = interval_ms(DatumGetIntervalP(values[refill_period_col]));
+		policy->usable = bucket_params_init(&policy->bucket, capacity, refill_amount,
+											period_ms, idle_ttl_ms);
+
+		/*
+		 * The local bucket holds local_share of the capacity (at least one token)
+		 * and refills local_share as fast, by a period stretched and rounded up:
+		 * rounding never gives more than the share.
+		 */
+		share = DatumGetFloat8(DirectFunctionCall1(numeric_float8, values[local_share_col]));
+		policy->local_usable = share > 0 && share <= 1 &&
+			bucket_params_init(&policy->local_bucket,
+							   Max((int64) floor(capacity * share), 1), refill_amount,
+							   (int64) ceil(period_ms / share), 0);
 		pfree(fail_mode);
 		pfree(name);
 		pfree(values);

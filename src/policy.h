@@ -21,6 +21,9 @@ typedef struct Policy
 	FailMode	fail_mode;
 	bool		usable;			/* false: the row is outside the bucket's bounds */
 	BucketParams bucket;
+	/* The local fallback bucket: capacity and refill scaled by local_share. */
+	bool		local_usable;
+	BucketParams local_bucket;
 } Policy;
 
 extern void policy_cache_init(void);

@@ -4,10 +4,20 @@
  */
 #include "ratelimit.h"
 
+#include "access/htup_details.h"
 #include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "storage/ipc.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
+#include "utils/builtins.h"
 #include "utils/guc.h"
+#include "utils/timestamp.h"
 
+#include "breaker.h"
 #include "decision.h"
+#include "local.h"
 #include "policy.h"
 #include "redis_url.h"
 #include "subject.h"
@@ -19,6 +29,7 @@ void		_PG_init(void);
 char	   *rl_redis_url = NULL;
 int			rl_connect_timeout_ms = 1000;
 int			rl_command_timeout_ms = 250;
+int			rl_retry_interval_ms = 1000;
 char	   *rl_key_prefix = NULL;
 char	   *rl_key_scope = NULL;
 char	   *rl_subject_secret = NULL;
@@ -30,7 +41,17 @@ check_redis_url(char **newval, void **extra, GucSource source)
 {
 	RedisUrl	url;
 	const char *problem;
+	/* guc.c frees an extra with free(): it must come from malloc (guc_malloc is 16+). */
+	GucSource  *where = malloc(sizeof(GucSource));
 
+	/* The value carries where it was set from, for assign_redis_url. */
+	if (where == NULL)
+	{
+		GUC_check_errcode(ERRCODE_OUT_OF_MEMORY);
+		return false;
+	}
+	*where = source;
+	*extra = where;
 	if (*newval == NULL || (*newval)[0] == '\0')
 		return true;
 	if (!redis_url_parse(*newval, &url, &problem))
@@ -42,6 +63,42 @@ check_redis_url(char **newval, void **extra, GucSource source)
 		return false;
 	}
 	return true;
+}
+
+/*
+ * A new URL may mean another Redis, so the breaker is chosen again: the shared
+ * one belongs to the URL set for the whole server (configuration file, command
+ * line, ALTER SYSTEM), not to one a session, role or database sets.
+ */
+static void
+assign_redis_url(const char *newval, void *extra)
+{
+	breaker_url_changed(extra != NULL && *(GucSource *) extra <= PGC_S_GLOBAL);
+}
+
+static shmem_request_hook_type previous_shmem_request_hook = NULL;
+static shmem_startup_hook_type previous_shmem_startup_hook = NULL;
+
+/* Asks for the shared memory of the breaker and the local buckets. */
+static void
+ratelimit_shmem_request(void)
+{
+	if (previous_shmem_request_hook)
+		previous_shmem_request_hook();
+	RequestAddinShmemSpace(add_size(breaker_shmem_size(), local_shmem_size()));
+	local_shmem_request();
+}
+
+/* Creates or attaches to the shared breaker and local buckets. */
+static void
+ratelimit_shmem_startup(void)
+{
+	if (previous_shmem_startup_hook)
+		previous_shmem_startup_hook();
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	breaker_shmem_init();
+	local_shmem_init();
+	LWLockRelease(AddinShmemInitLock);
 }
 
 /* Key segments must be safe ids: no separator, no brace, bounded length. */
@@ -96,7 +153,7 @@ _PG_init(void)
 							   "Only superusers can read or set it: it may hold a password.",
 							   &rl_redis_url, "", PGC_SUSET,
 							   GUC_SUPERUSER_ONLY | GUC_NOT_IN_SAMPLE,
-							   check_redis_url, NULL, NULL);
+							   check_redis_url, assign_redis_url, NULL);
 	DefineCustomIntVariable("ratelimit.connect_timeout",
 							"Longest wait to connect and authenticate to Redis.",
 							NULL, &rl_connect_timeout_ms, 1000, 1, 60 * 1000,
@@ -106,6 +163,14 @@ _PG_init(void)
 							"When it passes, the policy's fail mode decides.",
 							&rl_command_timeout_ms, 250, 1, 60 * 1000,
 							PGC_USERSET, GUC_UNIT_MS, NULL, NULL, NULL);
+	DefineCustomIntVariable("ratelimit.retry_interval",
+							"How long decisions skip a Redis that could not be reached before one probe tries again.",
+							NULL, &rl_retry_interval_ms, 1000, 1, 3600 * 1000,
+							PGC_SUSET, GUC_UNIT_MS, NULL, NULL, NULL);
+	DefineCustomIntVariable("ratelimit.local_buckets",
+							"Slots for local fallback buckets in shared memory (needs shared_preload_libraries).",
+							NULL, &rl_local_buckets, 10000, 128, 10 * 1000 * 1000,
+							PGC_POSTMASTER, 0, NULL, NULL, NULL);
 	DefineCustomStringVariable("ratelimit.key_prefix",
 							   "First segment of every Redis key.",
 							   NULL, &rl_key_prefix, "rl", PGC_SUSET, 0,
@@ -128,6 +193,14 @@ _PG_init(void)
 	MarkGUCPrefixReserved("ratelimit");
 
 	policy_cache_init();
+
+	if (process_shared_preload_libraries_in_progress)
+	{
+		previous_shmem_request_hook = shmem_request_hook;
+		shmem_request_hook = ratelimit_shmem_request;
+		previous_shmem_startup_hook = shmem_startup_hook;
+		shmem_startup_hook = ratelimit_shmem_startup;
+	}
 }
 
 PG_FUNCTION_INFO_V1(rl_consume);
@@ -181,4 +254,50 @@ rl_enforce(PG_FUNCTION_ARGS)
 				 errhint("Wait before retrying; the limit is " INT64_FORMAT ".",
 						 decision.capacity)));
 	return decision_to_datum(fcinfo, &decision);
+}
+
+PG_FUNCTION_INFO_V1(rl_health);
+
+/* rl_health(): Redis reachable or not since when, the breaker, the local buckets. */
+Datum
+rl_health(PG_FUNCTION_ARGS)
+{
+	BreakerHealth health;
+	TupleDesc	desc;
+	Datum		values[8];
+	bool		nulls[8] = {0};
+	int			in_use,
+				slots;
+
+	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("function returning a record called in a context that cannot accept it")));
+	breaker_health(&health);
+	local_usage(&in_use, &slots);
+
+	values[0] = BoolGetDatum(health.reachable);
+	values[1] = TimestampTzGetDatum(health.since);
+	nulls[1] = health.since == 0;
+	values[2] = CStringGetTextDatum(health.open ? "open" : "closed");
+	values[3] = Int64GetDatum(health.retry_in_ms);
+	if (health.last_failure.kind == REDIS_FAILURE_NONE)
+		nulls[4] = true;
+	else
+		values[4] = CStringGetTextDatum(psprintf("%s: %s",
+												 redis_failure_kind_name(health.last_failure.kind),
+												 health.last_failure.detail));
+	values[5] = Int32GetDatum(in_use);
+	values[6] = Int32GetDatum(slots);
+	values[7] = BoolGetDatum(health.shared);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(desc), values, nulls)));
+}
+
+PG_FUNCTION_INFO_V1(rl_local_available);
+
+/* rl_local_available(): true when local fallback buckets exist (the library was preloaded). */
+Datum
+rl_local_available(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_BOOL(local_available());
 }

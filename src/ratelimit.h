@@ -28,6 +28,7 @@
 extern char *rl_redis_url;
 extern int	rl_connect_timeout_ms;
 extern int	rl_command_timeout_ms;
+extern int	rl_retry_interval_ms;
 extern char *rl_key_prefix;
 extern char *rl_key_scope;
 extern char *rl_subject_secret;

@@ -14,6 +14,8 @@
  */
 #include "ratelimit.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
 #include <sys/socket.h>
 
 #include <hiredis/hiredis.h>
@@ -39,6 +41,53 @@ typedef struct RedisConnection
 } RedisConnection;
 
 static RedisConnection connection;
+
+/* The address a host name resolved to, kept until a connect to it fails. */
+static char resolved_host[256];
+static char resolved_address[INET6_ADDRSTRLEN];
+
+/*
+ * The address to connect to for host: host itself when it is an IP literal,
+ * else the cached result of resolving it. Resolving blocks (getaddrinfo cannot
+ * be interrupted), so it happens once per backend and again only after a
+ * connect failed, which the breaker allows at most once per retry_interval.
+ * NULL when the name does not resolve.
+ */
+static const char *
+redis_address(const char *host)
+{
+	unsigned char buffer[sizeof(struct in6_addr)];
+	struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM};
+	struct addrinfo *addresses;
+	bool		ok;
+
+	if (inet_pton(AF_INET, host, buffer) == 1 || inet_pton(AF_INET6, host, buffer) == 1)
+		return host;
+	if (strcmp(resolved_host, host) == 0 && resolved_address[0] != '\0')
+		return resolved_address;
+	/* IPv4 first, as hiredis does: "localhost" must not land on a ::1 nobody listens on. */
+	if (getaddrinfo(host, NULL, &hints, &addresses) != 0)
+	{
+		hints.ai_family = AF_INET6;
+		if (getaddrinfo(host, NULL, &hints, &addresses) != 0)
+			return NULL;
+	}
+	ok = getnameinfo(addresses->ai_addr, addresses->ai_addrlen, resolved_address,
+					 sizeof(resolved_address), NULL, 0, NI_NUMERICHOST) == 0;
+	freeaddrinfo(addresses);
+	if (!ok)
+		return NULL;
+	strlcpy(resolved_host, host, sizeof(resolved_host));
+	return resolved_address;
+}
+
+/* Forgets the resolved address, so that the next connect resolves the name again. */
+static void
+redis_forget_address(void)
+{
+	resolved_host[0] = '\0';
+	resolved_address[0] = '\0';
+}
 
 /* Closes the connection and frees everything it holds. */
 static void
@@ -221,17 +270,23 @@ redis_connect(RedisFailure *failure)
 	redisContext *context;
 	int			socket_error = 0;
 	socklen_t	length = sizeof(socket_error);
+	const char *address = NULL;
 
 	if (rl_redis_url == NULL || rl_redis_url[0] == '\0')
 		return fail(failure, REDIS_FAILURE_CONFIG, "ratelimit.redis_url is not set");
 	if (!redis_url_parse(rl_redis_url, &url, &problem))
 		return fail(failure, REDIS_FAILURE_CONFIG, "ratelimit.redis_url is invalid");
 
+	if (!url.is_unix)
+	{
+		address = redis_address(url.host);
+		if (address == NULL)
+			return fail(failure, REDIS_FAILURE_CONNECT, "host name does not resolve");
+	}
 	if (!AcquireExternalFD())
 		return fail(failure, REDIS_FAILURE_CONNECT, "too many open files");
-	/* Resolving a host name blocks; the docs recommend IP literals or sockets. */
 	context = url.is_unix ? redisConnectUnixNonBlock(url.path) :
-		redisConnectNonBlock(url.host, url.port);
+		redisConnectNonBlock(address, url.port);
 	if (context == NULL || context->err)
 	{
 		fail(failure, REDIS_FAILURE_CONNECT, context ? context->errstr : "out of memory");
@@ -359,7 +414,10 @@ redis_run_script(RedisScript *script, const char *key, int nargs,
 		(connection.busy || strcmp(connection.url, rl_redis_url ? rl_redis_url : "") != 0))
 		redis_disconnect();
 	if (connection.context == NULL && !redis_connect(failure))
+	{
+		redis_forget_address();
 		return false;
+	}
 
 	deadline = rl_monotonic_us() + (int64) rl_command_timeout_ms * 1000;
 	connection.busy = true;

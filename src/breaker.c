@@ -1,0 +1,200 @@
+/*
+ * breaker.c
+ *	  Remembers that Redis is down, so that decisions stop waiting for it.
+ *
+ * After a failure that says Redis cannot be reached (connect refused or timed
+ * out, a command timed out), decisions skip Redis for ratelimit.retry_interval
+ * and go straight to their fail mode. Then one caller, and only one, probes
+ * Redis with a real decision; its success closes the breaker for everyone.
+ * Failures that come from a Redis that answers (an error reply, a connection
+ * cut once) do not trip it.
+ *
+ * With shared_preload_libraries the state lives in shared memory, so an outage
+ * costs the whole server one timeout per retry_interval instead of one per
+ * backend; otherwise each backend keeps its own.
+ *
+ * The hot path reads one atomic: open_until_us, 0 while Redis answers, else the
+ * monotonic time until which decisions skip Redis. A probe is claimed by moving
+ * open_until_us forward past the probe's own deadline with compare-and-swap.
+ */
+#include "ratelimit.h"
+
+#include "port/atomics.h"
+#include "storage/shmem.h"
+#include "storage/spin.h"
+#include "utils/timestamp.h"
+
+#include "breaker.h"
+
+typedef struct BreakerState
+{
+	pg_atomic_uint64 open_until_us;
+	slock_t		mutex;			/* guards the fields below, changed only on transitions */
+	bool		reachable;
+	TimestampTz since;
+	RedisFailure last_failure;
+} BreakerState;
+
+static BreakerState *shared_breaker = NULL;
+static BreakerState backend_breaker;
+static BreakerState *breaker = NULL;	/* one of the two; NULL: choose again */
+static bool url_is_server_wide = true;
+
+/* Sets a breaker to "Redis answers". */
+static void
+breaker_state_init(BreakerState *state)
+{
+	memset(state, 0, sizeof(BreakerState));
+	pg_atomic_init_u64(&state->open_until_us, 0);
+	SpinLockInit(&state->mutex);
+	state->reachable = true;
+}
+
+/*
+ * The state this backend uses. The shared one belongs to the server's Redis
+ * (ratelimit.redis_url as set for the whole server); a session that SETs another
+ * URL keeps its own, so that its Redis cannot open the breaker for everyone.
+ */
+static BreakerState *
+breaker_state(void)
+{
+	if (breaker == NULL)
+	{
+		if (shared_breaker != NULL && url_is_server_wide)
+			breaker = shared_breaker;
+		else
+		{
+			breaker_state_init(&backend_breaker);
+			breaker = &backend_breaker;
+		}
+	}
+	return breaker;
+}
+
+/* ratelimit.redis_url changed: choose the breaker again on the next decision. */
+void
+breaker_url_changed(bool server_wide)
+{
+	url_is_server_wide = server_wide;
+	breaker = NULL;
+}
+
+/* Shared memory the breaker needs when preloaded. */
+Size
+breaker_shmem_size(void)
+{
+	return MAXALIGN(sizeof(BreakerState));
+}
+
+/* Attaches to (or creates) the shared breaker; called with AddinShmemInitLock held. */
+void
+breaker_shmem_init(void)
+{
+	bool		found;
+
+	shared_breaker = ShmemInitStruct("ratelimit breaker", sizeof(BreakerState), &found);
+	if (!found)
+		breaker_state_init(shared_breaker);
+}
+
+/* True for failures that mean Redis cannot be reached at all. */
+static bool
+failure_trips(RedisFailureKind kind)
+{
+	return kind == REDIS_FAILURE_CONNECT || kind == REDIS_FAILURE_TIMEOUT ||
+		kind == REDIS_FAILURE_CONFIG;
+}
+
+/* True when the caller should try Redis: it answers, or this caller won the probe. */
+bool
+breaker_allows_attempt(void)
+{
+	BreakerState *state = breaker_state();
+	uint64		until = pg_atomic_read_u64(&state->open_until_us);
+	int64		now;
+	uint64		probe_until;
+
+	if (until == 0)
+		return true;
+	now = rl_monotonic_us();
+	if ((uint64) now < until)
+		return false;
+	/* Others keep skipping Redis until the probe has had its whole deadline. */
+	probe_until = now + ((int64) rl_connect_timeout_ms + rl_command_timeout_ms) * 1000 + 1;
+	return pg_atomic_compare_exchange_u64(&state->open_until_us, &until, probe_until);
+}
+
+/*
+ * Records the outcome of an attempt (kind NONE for success). Returns true when
+ * it changed whether Redis is reachable, so the caller logs the change once.
+ */
+bool
+breaker_record(const RedisFailure *failure)
+{
+	BreakerState *state = breaker_state();
+	bool		reachable = !failure_trips(failure->kind);
+	bool		changed;
+
+	if (failure->kind == REDIS_FAILURE_NONE)
+	{
+		if (pg_atomic_read_u64(&state->open_until_us) != 0)
+			pg_atomic_write_u64(&state->open_until_us, 0);
+	}
+	else if (!reachable)
+		pg_atomic_write_u64(&state->open_until_us,
+							rl_monotonic_us() + (int64) rl_retry_interval_ms * 1000);
+
+	SpinLockAcquire(&state->mutex);
+	changed = state->reachable != reachable;
+	if (changed || state->since == 0)
+	{
+		state->reachable = reachable;
+		state->since = GetCurrentTimestamp();
+	}
+	if (failure->kind != REDIS_FAILURE_NONE)
+		state->last_failure = *failure;
+	SpinLockRelease(&state->mutex);
+	return changed;
+}
+
+/* The failure that keeps the breaker open, for a decision that skipped Redis. */
+void
+breaker_current_failure(RedisFailure *failure)
+{
+	BreakerState *state = breaker_state();
+
+	SpinLockAcquire(&state->mutex);
+	*failure = state->last_failure;
+	SpinLockRelease(&state->mutex);
+}
+
+/* Milliseconds until Redis will be tried again (at least 1): a closed fail mode's retry-after. */
+int64
+breaker_retry_after_ms(void)
+{
+	BreakerState *state = breaker_state();
+	int64		until = (int64) pg_atomic_read_u64(&state->open_until_us);
+	int64		now = rl_monotonic_us();
+
+	if (until > now)
+		return Max((until - now + 999) / 1000, 1);
+	return Max(rl_retry_interval_ms, 1);
+}
+
+/* The breaker's state for rl_health(). */
+void
+breaker_health(BreakerHealth *health)
+{
+	BreakerState *state = breaker_state();
+	int64		until = (int64) pg_atomic_read_u64(&state->open_until_us);
+	int64		now = rl_monotonic_us();
+
+	SpinLockAcquire(&state->mutex);
+	health->reachable = state->reachable;
+	health->since = state->since;
+	health->last_failure = state->last_failure;
+	SpinLockRelease(&state->mutex);
+	health->open = until != 0;
+	health->retry_in_ms = until > now ? (until - now + 999) / 1000 : 0;
+	health->shared = state == shared_breaker;
+}

@@ -1,0 +1,32 @@
+/*
+ * breaker.h
+ *	  Remembers that Redis is down, so that decisions stop waiting for it.
+ */
+#ifndef RL_BREAKER_H
+#define RL_BREAKER_H
+
+#include "datatype/timestamp.h"
+
+#include "redis.h"
+
+/* What rl_health() shows of the breaker. */
+typedef struct BreakerHealth
+{
+	bool		reachable;		/* the last attempt got an answer */
+	bool		open;			/* decisions skip Redis until the next probe */
+	TimestampTz since;			/* when reachable last changed (0: never tried) */
+	int64		retry_in_ms;	/* until the next probe, when open */
+	RedisFailure last_failure;	/* the last failure seen, kind NONE if none yet */
+	bool		shared;			/* kept in shared memory for the whole server */
+} BreakerHealth;
+
+extern Size breaker_shmem_size(void);
+extern void breaker_shmem_init(void);
+extern void breaker_url_changed(bool server_wide);
+extern bool breaker_allows_attempt(void);
+extern bool breaker_record(const RedisFailure *failure);
+extern void breaker_current_failure(RedisFailure *failure);
+extern int64 breaker_retry_after_ms(void);
+extern void breaker_health(BreakerHealth *health);
+
+#endif							/* RL_BREAKER_H */

@@ -1,0 +1,201 @@
+/*
+ * local.c
+ *	  Emergency token buckets in shared memory, for fail_mode 'local'.
+ *
+ * While Redis cannot answer, a 'local' policy decides from a bucket that every
+ * backend of this server shares, with the same arithmetic as the Redis script
+ * (bucket.c). The table has a fixed number of slots (ratelimit.local_buckets),
+ * split into partitions, each with its own lock. A subject's slot is found by
+ * probing a few places from its hash. When they are all taken, a slot whose
+ * bucket has refilled completely is reused: forgetting a full bucket loses
+ * nothing, since a new bucket starts full. If none is full, the decision is a
+ * denial, so a full table can never grant more than the policy allows.
+ * Two subjects whose 64-bit hashes collide share a bucket, which can only deny
+ * more, never grant more.
+ */
+#include "ratelimit.h"
+
+#include "miscadmin.h"
+#include "port/atomics.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
+
+#include "local.h"
+
+#define LOCAL_PARTITIONS 16
+#define LOCAL_PROBES 8
+#define LOCAL_TRANCHE "ratelimit local buckets"
+
+/* One bucket; key 0 marks an empty slot. The parameters tell stale state from current. */
+typedef struct LocalSlot
+{
+	uint64		key;
+	int64		unit;
+	int64		rate;
+	int64		capacity_units;
+	BucketState state;
+} LocalSlot;
+
+typedef struct LocalTable
+{
+	int			slots_per_partition;
+	pg_atomic_uint32 in_use;
+	LocalSlot	slots[FLEXIBLE_ARRAY_MEMBER];
+} LocalTable;
+
+int			rl_local_buckets = 10000;
+
+static LocalTable *table = NULL;
+static LWLockPadded *locks = NULL;
+
+/* Slots per partition, from the setting. */
+static int
+slots_per_partition(void)
+{
+	return Max((rl_local_buckets + LOCAL_PARTITIONS - 1) / LOCAL_PARTITIONS, LOCAL_PROBES);
+}
+
+/* Shared memory the table needs. */
+Size
+local_shmem_size(void)
+{
+	return add_size(offsetof(LocalTable, slots),
+					mul_size(sizeof(LocalSlot), mul_size(slots_per_partition(), LOCAL_PARTITIONS)));
+}
+
+/* Asks for the partition locks; called from the shmem request hook. */
+void
+local_shmem_request(void)
+{
+	RequestNamedLWLockTranche(LOCAL_TRANCHE, LOCAL_PARTITIONS);
+}
+
+/* Attaches to (or creates) the table; called with AddinShmemInitLock held. */
+void
+local_shmem_init(void)
+{
+	bool		found;
+
+	table = ShmemInitStruct("ratelimit local buckets", local_shmem_size(), &found);
+	if (!found)
+	{
+		memset(table, 0, local_shmem_size());
+		table->slots_per_partition = slots_per_partition();
+		pg_atomic_init_u32(&table->in_use, 0);
+	}
+	locks = GetNamedLWLockTranche(LOCAL_TRANCHE);
+}
+
+/* True when the library was preloaded, so that local buckets exist. */
+bool
+local_available(void)
+{
+	return table != NULL;
+}
+
+/* True when a slot's stored state was made with these parameters. */
+static bool
+slot_matches(const LocalSlot *slot, const BucketParams *params)
+{
+	return slot->unit == params->unit && slot->rate == params->rate &&
+		slot->capacity_units == params->capacity_units;
+}
+
+/* Puts a new, full bucket for key into slot. */
+static void
+slot_claim(LocalSlot *slot, uint64 key, const BucketParams *params, int64 now_ms)
+{
+	slot->key = key;
+	slot->unit = params->unit;
+	slot->rate = params->rate;
+	slot->capacity_units = params->capacity_units;
+	bucket_state_full(params, &slot->state, now_ms);
+}
+
+/*
+ * Decides from the local bucket of key (a hash of database, policy, version
+ * and subject; never 0). Cost must not exceed params->capacity.
+ */
+void
+local_take(const BucketParams *params, uint64 key, int64 now_ms, int64 cost,
+		   BucketResult *result)
+{
+	int			per_partition = table->slots_per_partition;
+	int			partition = key % LOCAL_PARTITIONS;
+	int			start = (key / LOCAL_PARTITIONS) % per_partition;
+	LocalSlot  *slots = &table->slots[partition * per_partition];
+	LocalSlot  *chosen = NULL;
+	LocalSlot  *empty = NULL;
+	LocalSlot  *reusable = NULL;
+	int64		soonest_full = PG_INT64_MAX;
+
+	Assert(key != 0 && cost > 0 && cost <= params->capacity);
+	LWLockAcquire(&locks[partition].lock, LW_EXCLUSIVE);
+	for (int i = 0; i < LOCAL_PROBES && chosen == NULL; i++)
+	{
+		LocalSlot  *slot = &slots[(start + i) % per_partition];
+		BucketParams own;
+
+		if (slot->key == key)
+			chosen = slot;
+		else if (slot->key == 0)
+		{
+			if (empty == NULL)
+				empty = slot;
+		}
+		else if (reusable == NULL)
+		{
+			/* A bucket is judged by the parameters it was made with. */
+			own = *params;
+			own.unit = slot->unit;
+			own.rate = slot->rate;
+			own.capacity_units = slot->capacity_units;
+			if (bucket_is_full(&own, &slot->state, now_ms))
+				reusable = slot;
+			else
+			{
+				BucketResult probe;
+				BucketState copy = slot->state;
+
+				/* How long until this one is full: a cost-free look at it. */
+				bucket_take(&own, &copy, now_ms, 0, &probe);
+				soonest_full = Min(soonest_full, probe.reset_after_ms);
+			}
+		}
+	}
+
+	if (chosen != NULL && !slot_matches(chosen, params))
+		slot_claim(chosen, key, params, now_ms);	/* the policy changed: a new bucket */
+	else if (chosen == NULL && empty != NULL)
+	{
+		chosen = empty;
+		slot_claim(chosen, key, params, now_ms);
+		pg_atomic_fetch_add_u32(&table->in_use, 1);
+	}
+	else if (chosen == NULL && reusable != NULL)
+	{
+		chosen = reusable;
+		slot_claim(chosen, key, params, now_ms);
+	}
+
+	if (chosen != NULL)
+		bucket_take(params, &chosen->state, now_ms, cost, result);
+	LWLockRelease(&locks[partition].lock);
+
+	if (chosen == NULL)
+	{
+		/* No room: deny until one of the buckets in the way has refilled. */
+		result->allowed = false;
+		result->remaining = 0;
+		result->retry_after_ms = Max(soonest_full, 1);
+		result->reset_after_ms = result->retry_after_ms;
+	}
+}
+
+/* Slots in use and slots in all, for rl_health(); zeros without preload. */
+void
+local_usage(int *in_use, int *slots)
+{
+	*in_use = table ? (int) pg_atomic_read_u32(&table->in_use) : 0;
+	*slots = table ? table->slots_per_partition * LOCAL_PARTITIONS : 0;
+}
