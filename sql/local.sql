@@ -1,0 +1,56 @@
+-- The local fallback bucket (C, bucket.c) and the Redis script (Lua) make the same
+-- decisions: one sequence of (time, cost), with the clock stepping back now and then,
+-- is run against Redis and against a local bucket, and every answer is compared.
+INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, fail_mode) VALUES
+    ('eq.odd.redis', 7, 3, '1 s', 'closed'),
+    ('eq.odd.local', 7, 3, '1 s', 'local'),
+    ('eq.minute.redis', 10, 120, '1 min', 'closed'),
+    ('eq.minute.local', 10, 120, '1 min', 'local');
+
+SELECT setseed(0.42);
+CREATE TEMP TABLE steps AS
+SELECT i, (floor(random() * 1800) - 300)::bigint AS step_ms, 1 + floor(random() * 7)::bigint AS cost
+FROM generate_series(1, 400) AS i;
+
+CREATE TEMP TABLE answers (kind text, policy text, i int, allowed boolean, remaining bigint,
+                           retry_after_ms bigint, reset_after_ms bigint, source text);
+
+-- Runs the steps against p_policy, recording each answer under p_kind.
+CREATE FUNCTION pg_temp.run_steps(p_kind text, p_policy text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_ms bigint := 2300000000000;
+    step record;
+BEGIN
+    FOR step IN SELECT * FROM steps ORDER BY i LOOP
+        now_ms := now_ms + step.step_ms;
+        PERFORM set_config('ratelimit.test_clock_ms', now_ms::text, false);
+        INSERT INTO answers
+        SELECT p_kind, p_policy, step.i, d.allowed, d.remaining, d.retry_after_ms,
+               d.reset_after_ms, d.source
+        FROM rl_consume(p_policy, 'tenant_eq',
+                        least(step.cost, (SELECT capacity FROM rl_policy WHERE name = p_policy))) AS d;
+    END LOOP;
+END
+$$;
+
+SELECT pg_temp.run_steps('redis', 'eq.odd.redis');
+SELECT pg_temp.run_steps('redis', 'eq.minute.redis');
+SET ratelimit.redis_url = 'redis://127.0.0.1:1';
+SELECT pg_temp.run_steps('local', 'eq.odd.local');
+SELECT pg_temp.run_steps('local', 'eq.minute.local');
+RESET ratelimit.redis_url;
+
+-- Who decided, and how often each way: both sides grant and deny many times.
+SELECT kind, source, count(*) AS decisions, count(*) FILTER (WHERE allowed) AS granted
+FROM answers GROUP BY 1, 2 ORDER BY 1;
+-- Every answer the same.
+SELECT r.policy, count(*) AS steps,
+       count(*) FILTER (WHERE (r.allowed, r.remaining, r.retry_after_ms, r.reset_after_ms)
+                              IS NOT DISTINCT FROM (l.allowed, l.remaining, l.retry_after_ms, l.reset_after_ms)) AS same
+FROM answers r
+JOIN answers l ON l.kind = 'local' AND l.i = r.i AND l.policy = replace(r.policy, '.redis', '.local')
+WHERE r.kind = 'redis'
+GROUP BY 1 ORDER BY 1;
+-- The clock stepped back often enough to matter.
+SELECT count(*) FILTER (WHERE step_ms < 0) > 50 AS many_backward_steps FROM steps;
