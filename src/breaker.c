@@ -105,6 +105,16 @@ failure_trips(RedisFailureKind kind)
 		kind == REDIS_FAILURE_CONFIG;
 }
 
+/*
+ * A connection lost mid-request says nothing either way (Redis may have
+ * restarted, or killed only this client): it neither trips nor closes.
+ */
+static bool
+failure_is_evidence(RedisFailureKind kind)
+{
+	return kind != REDIS_FAILURE_IO;
+}
+
 /* True when the caller should try Redis: it answers, or this caller won the probe. */
 bool
 breaker_allows_attempt(void)
@@ -124,29 +134,26 @@ breaker_allows_attempt(void)
 	return pg_atomic_compare_exchange_u64(&state->open_until_us, &until, probe_until);
 }
 
-/*
- * Records the outcome of an attempt (kind NONE for success). Returns true when
- * it changed whether Redis is reachable, so the caller logs the change once.
- */
-bool
+/* Records the outcome of an attempt (kind NONE for success). */
+void
 breaker_record(const RedisFailure *failure)
 {
 	BreakerState *state = breaker_state();
+	bool		evidence = failure_is_evidence(failure->kind);
 	bool		reachable = !failure_trips(failure->kind);
-	bool		changed;
 
-	if (failure->kind == REDIS_FAILURE_NONE)
+	/* Any answer, even an error reply, shows Redis is there: the breaker closes. */
+	if (evidence && reachable)
 	{
 		if (pg_atomic_read_u64(&state->open_until_us) != 0)
 			pg_atomic_write_u64(&state->open_until_us, 0);
 	}
-	else if (!reachable)
+	else if (evidence)
 		pg_atomic_write_u64(&state->open_until_us,
 							rl_monotonic_us() + (int64) rl_retry_interval_ms * 1000);
 
 	SpinLockAcquire(&state->mutex);
-	changed = state->reachable != reachable;
-	if (changed || state->since == 0)
+	if (evidence && (state->reachable != reachable || state->since == 0))
 	{
 		state->reachable = reachable;
 		state->since = GetCurrentTimestamp();
@@ -154,7 +161,6 @@ breaker_record(const RedisFailure *failure)
 	if (failure->kind != REDIS_FAILURE_NONE)
 		state->last_failure = *failure;
 	SpinLockRelease(&state->mutex);
-	return changed;
 }
 
 /* The failure that keeps the breaker open, for a decision that skipped Redis. */

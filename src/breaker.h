@@ -24,7 +24,7 @@ extern Size breaker_shmem_size(void);
 extern void breaker_shmem_init(void);
 extern void breaker_url_changed(bool server_wide);
 extern bool breaker_allows_attempt(void);
-extern bool breaker_record(const RedisFailure *failure);
+extern void breaker_record(const RedisFailure *failure);
 extern void breaker_current_failure(RedisFailure *failure);
 extern int64 breaker_retry_after_ms(void);
 extern void breaker_health(BreakerHealth *health);
