@@ -115,8 +115,11 @@ failure_is_evidence(RedisFailureKind kind)
 	return kind != REDIS_FAILURE_IO;
 }
 
-/* True when the caller should try Redis: it answers, or this caller won the probe. */
-bool
+/*
+ * Whether the caller should try Redis: BREAKER_CLOSED (it answers), BREAKER_PROBE
+ * (this caller won the one probe), or BREAKER_SKIP.
+ */
+BreakerAttempt
 breaker_allows_attempt(void)
 {
 	BreakerState *state = breaker_state();
@@ -125,13 +128,29 @@ breaker_allows_attempt(void)
 	uint64		probe_until;
 
 	if (until == 0)
-		return true;
+		return BREAKER_CLOSED;
 	now = rl_monotonic_us();
 	if ((uint64) now < until)
-		return false;
+		return BREAKER_SKIP;
 	/* Others keep skipping Redis until the probe has had its whole deadline. */
 	probe_until = now + ((int64) rl_connect_timeout_ms + rl_command_timeout_ms) * 1000 + 1;
-	return pg_atomic_compare_exchange_u64(&state->open_until_us, &until, probe_until);
+	return pg_atomic_compare_exchange_u64(&state->open_until_us, &until, probe_until) ?
+		BREAKER_PROBE : BREAKER_SKIP;
+}
+
+/*
+ * A probe that ended without evidence (cancelled, or its connection was lost)
+ * hands the probe on: the next decision may probe at once.
+ */
+void
+breaker_release_probe(void)
+{
+	BreakerState *state = breaker_state();
+	uint64		until = pg_atomic_read_u64(&state->open_until_us);
+
+	if (until != 0)
+		pg_atomic_compare_exchange_u64(&state->open_until_us, &until,
+									   (uint64) rl_monotonic_us());
 }
 
 /* Records the outcome of an attempt (kind NONE for success). */
@@ -151,6 +170,8 @@ breaker_record(const RedisFailure *failure)
 	else if (evidence)
 		pg_atomic_write_u64(&state->open_until_us,
 							rl_monotonic_us() + (int64) rl_retry_interval_ms * 1000);
+	else
+		breaker_release_probe();
 
 	SpinLockAcquire(&state->mutex);
 	if (evidence && (state->reachable != reachable || state->since == 0))

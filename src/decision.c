@@ -165,6 +165,7 @@ decision_make(FunctionCallInfo fcinfo, Decision *decision)
 	int64		cost;
 	char	   *name;
 	const Policy *policy;
+	BreakerAttempt attempt;
 
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
 		ereport(ERROR,
@@ -208,12 +209,28 @@ decision_make(FunctionCallInfo fcinfo, Decision *decision)
 	decision->capacity = policy->bucket.capacity;
 
 	/* While the breaker is open, Redis is not asked at all. */
-	if (breaker_allows_attempt())
+	attempt = breaker_allows_attempt();
+	if (attempt != BREAKER_SKIP)
 	{
 		RedisFailure failure;
-		bool		answered = decide_by_redis(policy, subject, length, cost,
-											   decision, &failure);
+		bool		answered;
 
+		if (attempt == BREAKER_PROBE)
+		{
+			/* A probe cut short by a cancel must not keep Redis skipped for its deadline. */
+			PG_TRY();
+			{
+				answered = decide_by_redis(policy, subject, length, cost, decision, &failure);
+			}
+			PG_CATCH();
+			{
+				breaker_release_probe();
+				PG_RE_THROW();
+			}
+			PG_END_TRY();
+		}
+		else
+			answered = decide_by_redis(policy, subject, length, cost, decision, &failure);
 		breaker_record(&failure);
 		log_redis_health(policy, &failure);
 		if (answered)

@@ -167,10 +167,6 @@ _PG_init(void)
 							"How long decisions skip a Redis that could not be reached before one probe tries again.",
 							NULL, &rl_retry_interval_ms, 1000, 1, 3600 * 1000,
 							PGC_SUSET, GUC_UNIT_MS, NULL, NULL, NULL);
-	DefineCustomIntVariable("ratelimit.local_buckets",
-							"Slots for local fallback buckets in shared memory (needs shared_preload_libraries).",
-							NULL, &rl_local_buckets, 10000, 128, 10 * 1000 * 1000,
-							PGC_POSTMASTER, 0, NULL, NULL, NULL);
 	DefineCustomStringVariable("ratelimit.key_prefix",
 							   "First segment of every Redis key.",
 							   NULL, &rl_key_prefix, "rl", PGC_SUSET, 0,
@@ -190,17 +186,22 @@ _PG_init(void)
 							   "For tests: the time buckets see, in ms since the epoch; empty means Redis TIME.",
 							   NULL, &rl_test_clock_ms, "", PGC_SUSET,
 							   GUC_NOT_IN_SAMPLE, check_test_clock, NULL, NULL);
-	MarkGUCPrefixReserved("ratelimit");
-
 	policy_cache_init();
 
+	/* Shared memory, and the setting that sizes it, exist only when preloaded. */
 	if (process_shared_preload_libraries_in_progress)
 	{
+		DefineCustomIntVariable("ratelimit.local_buckets",
+								"Slots for local fallback buckets in shared memory.",
+								NULL, &rl_local_buckets, 10000, 128, 10 * 1000 * 1000,
+								PGC_POSTMASTER, 0, NULL, NULL, NULL);
 		previous_shmem_request_hook = shmem_request_hook;
 		shmem_request_hook = ratelimit_shmem_request;
 		previous_shmem_startup_hook = shmem_startup_hook;
 		shmem_startup_hook = ratelimit_shmem_startup;
 	}
+	/* After every definition: a placeholder left now is a typo. */
+	MarkGUCPrefixReserved("ratelimit");
 }
 
 PG_FUNCTION_INFO_V1(rl_consume);

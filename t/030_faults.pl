@@ -1,9 +1,10 @@
 
 # When Redis cannot answer, the policy's fail mode decides, no ERROR is raised,
 # and the log says so once; when it answers again, decisions come from Redis
-# again without anyone reconnecting by hand. Also: scripts flushed, connections
-# killed, bucket keys of the wrong type, authentication, a server that speaks
-# no Redis, database numbers and unix sockets.
+# again without anyone reconnecting by hand (once the breaker lets a probe
+# through: ratelimit.retry_interval is short here). Also: scripts flushed,
+# connections killed, bucket keys of the wrong type, authentication, a server
+# that speaks no Redis, database numbers and unix sockets.
 
 use strict;
 use warnings;
@@ -11,11 +12,16 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use Time::HiRes qw(time usleep);
 
 use RateLimitTest;
 
+# After a failure that means Redis cannot be reached, decisions skip Redis for
+# retry_interval, then one probes it.
+my $retry_ms = 200;
 my $redis = redis_start(name => 'faults');
-my $node = rl_node('faults', redis => $redis);
+my $node = rl_node('faults', redis => $redis,
+	conf => ["ratelimit.retry_interval = '${retry_ms}ms'"]);
 
 $node->safe_psql(
 	'postgres', q{
@@ -42,6 +48,16 @@ sub is_fail_mode
 	{
 		is_deeply([ @$d{qw(allowed source retry_after_ms)} ],
 			[ 't', 'fail_open', 0 ], "$name: allowed by fail mode open");
+	}
+	elsif ($policy eq 'f_local')
+	{
+		# The local bucket in shared memory decides (1000 tokens: all granted).
+		ok( $d->{allowed} eq 't'
+			  && $d->{source} eq 'local'
+			  && $d->{retry_after_ms} == 0
+			  && $d->{remaining} < 1000,
+			"$name: allowed by the local bucket of $policy")
+		  or diag explain $d;
 	}
 	else
 	{
@@ -98,8 +114,10 @@ for my $i (1 .. 4)
 	for my $policy (qw(f_open f_closed f_local))
 	{
 		my $d = $fresh->consume($policy, $subject);
-	my $err = $d->{stderr};
+		my $err = $d->{stderr};
 		is_fail_mode($d, $policy, "Redis down, call $i, $policy");
+		is($d->{remaining}, 1000 - $i, "Redis down, call $i: the local bucket counts down")
+		  if $policy eq 'f_local';
 		is($err, '', "Redis down, call $i, $policy: no error or warning");
 	}
 }
@@ -107,6 +125,10 @@ my @cannot = log_lines($offset, $fresh->pid, qr/ratelimit: Redis cannot answer \
 is(scalar @cannot, 1, 'a session logs "cannot answer" once, not once per call')
   or diag explain \@cannot;
 
+# The older session still holds its connection to the dead server. Once the
+# breaker lets a probe through, it finds that connection cut (logged once, as
+# its own failure class), and it never raises an error.
+usleep(($retry_ms + 50) * 1000);
 for my $i (1 .. 3)
 {
 	my $d = $long->consume('f_closed', $subject);
@@ -138,10 +160,30 @@ unlike($log, qr/rl:postgres:/, 'the log never names a key');
 unlike($log, qr/\bERROR:(?!.*(?:rate limit exceeded|rate limiter unavailable))/,
 	'no ERROR but the rate limit ones');
 
-# Same port, empty dataset: the backends reconnect by themselves.
+# Same port, empty dataset: the backends reconnect by themselves, as soon as
+# the breaker lets a probe through; until then the fail mode decides.
 $offset = log_offset($node);
 $redis->start;
-is_redis($long->consume('f_closed', $subject),
+my $restarted = time;
+my ($back, @before_back);
+while (time < $restarted + 10)
+{
+	my $d = $long->consume('f_closed', $subject);
+	if ($d->{source} eq 'redis')
+	{
+		$back = $d;
+		last;
+	}
+	push @before_back, $d;
+	usleep(20_000);
+}
+my $recovery = time - $restarted;
+note sprintf('Redis decided again %.3f s after the restart, after %d fail-mode decisions',
+	$recovery, scalar @before_back);
+ok(!(grep { $_->{source} ne 'fail_closed' || $_->{stderr} ne '' } @before_back),
+	'until the probe, the fail mode decides, without errors')
+  or diag explain \@before_back;
+is_redis($back // {},
 	'after the restart, the older session is decided by Redis again',
 	allowed => 't', remaining => 999);
 is_redis($fresh->consume('f_open', $subject),

@@ -3,6 +3,11 @@
 # deadline (command_timeout), statement_timeout and pg_cancel_backend stop it,
 # the connection cut off mid-request is replaced, not reused, and a server
 # that never completes the TCP handshake costs connect_timeout at most.
+#
+# A timeout opens the circuit breaker: decisions then skip Redis for
+# ratelimit.retry_interval (short here) until one probes it again. The tests
+# that must wait for Redis wait for that probe, or run in a session that SETs
+# its own ratelimit.redis_url, which has a breaker of its own.
 
 use strict;
 use warnings;
@@ -15,8 +20,13 @@ use Time::HiRes qw(time usleep);
 
 use RateLimitTest;
 
+my $retry_ms = 200;
 my $redis = redis_start(name => 'cancel');
-my $node = rl_node('cancel', redis => $redis);
+my $node = rl_node('cancel', redis => $redis,
+	conf => ["ratelimit.retry_interval = '${retry_ms}ms'"]);
+
+# Sleeps until the breaker lets the next decision probe Redis.
+sub wait_for_probe { usleep(($retry_ms + 50) * 1000); }
 
 $node->safe_psql(
 	'postgres', q{
@@ -44,21 +54,34 @@ is(scalar @ids_before, 1, 'the session holds one Redis connection');
 my $offset = log_offset($node);
 $redis->pause;
 
-# (a) command_timeout: the fail mode decides at the deadline.
+# (a) command_timeout: the fail mode decides at the deadline (each decision
+# here is the probe the breaker lets through), and in the meantime at once.
 $s->query_ok("SET ratelimit.command_timeout = '300ms'");
 for my $policy (qw(slow slow_open))
 {
+	wait_for_probe();
 	my ($elapsed, $d) = timed(sub { $s->consume($policy, 'cancel_subject') });
 	my $want = $policy eq 'slow' ? 'fail_closed' : 'fail_open';
 	is($d->{source}, $want, "Redis frozen, command_timeout 300ms: $want ($policy)");
 	is($d->{stderr}, '', "Redis frozen, $policy: no error");
 	cmp_ok($elapsed, '>=', 0.3, "$policy: waited the whole deadline");
 	cmp_ok($elapsed, '<', 1.3, "$policy: and not a second longer");
+
+	($elapsed, $d) = timed(sub { $s->consume($policy, 'cancel_subject') });
+	is($d->{source}, $want, "$policy: the next decision is the fail mode too");
+	cmp_ok($elapsed, '<', 0.2, "$policy: without waiting for Redis (breaker open)");
 }
 ok(wait_for_log($node, qr/\[$pid\].*Redis cannot answer \(timeout: /, $offset),
 	'the log says Redis timed out');
 
-# (b) statement_timeout cuts a longer command_timeout short.
+# (b) statement_timeout cuts a longer command_timeout short. From here to (d)
+# the session has its own ratelimit.redis_url (the same server): its own
+# breaker, closed, so that every decision goes to Redis and none is a probe.
+# (A probe cancelled here would keep the server-wide breaker open for its
+# whole 60 s deadline: a known defect, see the TODO tests of 071.)
+$s->query_ok('SET ratelimit.redis_url = ' . quote_literal($redis->url));
+is($s->query_ok('SELECT shared FROM rl_health()'), 'f',
+	'a session that SETs ratelimit.redis_url has a breaker of its own');
 $s->query_ok("SET ratelimit.command_timeout = '60s'; SET statement_timeout = '500ms'");
 my ($elapsed, $d) = timed(sub { $s->consume('slow', 'cancel_subject') });
 is(sqlstate_of($d->{stderr}), '57014', 'statement_timeout cancels the decision (57014)')
@@ -110,6 +133,7 @@ is(scalar @ids_after, 1, 'the session holds one Redis connection again');
 ok(!(grep { $_ == $ids_before[0] } @ids_after), 'a new one: the old one was closed');
 is($s->consume('slow', 'cancel_subject')->{source},
 	'redis', 'and it keeps working');
+$s->query_ok('RESET ratelimit.redis_url');
 
 ###
 ### connect_timeout: a server whose accept queue is full never completes the
@@ -155,7 +179,14 @@ SKIP:
 			$offset),
 		'the log says the connect timed out');
 
-	# statement_timeout while connecting.
+	# A dead Redis does not cost every call a connect timeout (DESIGN principle 4):
+	# until retry_interval has passed, decisions skip it.
+	($elapsed, $d) = timed(sub { $s->consume('slow', 'cancel_subject') });
+	is($d->{source}, 'fail_closed', 'right after the connect timeout: the fail mode decides');
+	cmp_ok($elapsed, '<', 0.2, 'without trying to connect again');
+
+	# statement_timeout while connecting (the probe, once retry_interval has passed).
+	wait_for_probe();
 	$s->query_ok("SET ratelimit.connect_timeout = '60s'; SET statement_timeout = '500ms'");
 	($elapsed, $d) = timed(sub { $s->consume('slow', 'cancel_subject') });
 	is(sqlstate_of($d->{stderr}), '57014', 'statement_timeout cancels a connect (57014)')
@@ -163,9 +194,7 @@ SKIP:
 	cmp_ok($elapsed, '<', 1.5, 'within a second of the statement timeout');
 	$s->query_ok('RESET statement_timeout');
 
-	# (Skipping Redis for a while after a failed connect, DESIGN principle 4, is the
-	# retry_interval breaker of the failure-handling work; it has its own tests there.)
-
+	# The server's own Redis has the server-wide breaker, untouched by this URL.
 	$s->query_ok('RESET ratelimit.redis_url; RESET ratelimit.connect_timeout');
 	is($s->consume('slow', 'cancel_subject')->{source},
 		'redis', 'back on the real Redis, it decides');

@@ -159,16 +159,19 @@ sub wait_for_log
 }
 
 # Creates and starts a node with ratelimit preloaded and created in "postgres".
-# Options: redis (a RateLimitTest::Redis) or url, max_connections, conf (lines).
+# Options: redis (a RateLimitTest::Redis) or url, max_connections, conf (lines),
+# preload (default 1; 0: the library is loaded by CREATE EXTENSION only),
+# create_extension (default 1; 0: the caller creates it).
 sub rl_node
 {
 	my ($name, %opt) = @_;
 	my $url = $opt{url} // ($opt{redis} ? $opt{redis}->url : '');
+	my $preload = $opt{preload} // 1;
 	my $node = PostgreSQL::Test::Cluster->new($name);
 	$node->init;
 	$node->append_conf(
 		'postgresql.conf', join("\n",
-			"shared_preload_libraries = 'ratelimit'",
+			($preload ? "shared_preload_libraries = 'ratelimit'" : ()),
 			"max_connections = " . ($opt{max_connections} // 20),
 			"ratelimit.redis_url = '$url'",
 			# Statements would put subjects in the log; the tests check that
@@ -176,7 +179,8 @@ sub rl_node
 			"log_statement = none",
 			@{ $opt{conf} // [] }));
 	$node->start;
-	$node->safe_psql('postgres', 'CREATE EXTENSION ratelimit');
+	$node->safe_psql('postgres', 'CREATE EXTENSION ratelimit')
+	  if $opt{create_extension} // 1;
 	return $node;
 }
 
