@@ -62,3 +62,13 @@ SELECT p.name, p.version,
   FROM rl_policy p,
        LATERAL (SELECT rl_interval_ms(p.refill_period)::bigint AS ms) m,
        LATERAL (SELECT gcd(p.refill_amount, m.ms) AS g) d;
+
+-- Phase 2 (Redis stopped, the breaker open): the same kind of decisions from the fail modes.
+-- bench.open allows without a bucket. bench.local decides from a bucket in shared memory
+-- holding local_share of the capacity: 50,000,000 tokens, far more than the bench takes,
+-- so every decision is allowed and writes. It refills one token an hour (one every two
+-- hours locally), so that what a bucket lost in the run is exactly the number of decisions
+-- it took: bench/run checks that against the transactions pgbench ran.
+INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, idle_ttl, fail_mode, local_share) VALUES
+    ('bench.open',  1000000,   1000000, '1 minute', '10 minutes', 'open',  1),
+    ('bench.local', 100000000, 1,       '1 hour',   NULL,         'local', 0.5);
