@@ -4,7 +4,8 @@ EXTENSION = ratelimit
 MODULE_big = ratelimit
 DATA = $(wildcard ratelimit--*.sql)
 OBJS = src/ratelimit.o src/decision.o src/policy.o src/subject.o \
-       src/bucket.o src/breaker.o src/local.o src/redis.o src/redis_url.o
+       src/bucket.o src/breaker.o src/local.o src/redis.o src/redis_url.o \
+       src/reservation.o
 SHLIB_LINK = -lhiredis
 PG_CPPFLAGS = -I$(srcdir)/src
 PG_CFLAGS = -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers
@@ -25,4 +26,4 @@ include $(PGXS)
 src/scripts.h: $(wildcard lua/*.lua) dev/embed-lua
 	$(srcdir)/dev/embed-lua $(sort $(wildcard $(srcdir)/lua/*.lua)) > $@.tmp && mv $@.tmp $@
 
-src/redis.o src/decision.o: src/scripts.h
+src/decision.o src/decision.bc: src/scripts.h

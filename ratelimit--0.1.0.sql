@@ -145,6 +145,31 @@ CREATE FUNCTION @extschema@.rl_health(
     OUT shared boolean)
 AS 'MODULE_PATHNAME', 'rl_health' LANGUAGE C VOLATILE PARALLEL SAFE;
 
+CREATE FUNCTION @extschema@.rl_reserve(policy text, subject text, cost bigint DEFAULT 1)
+RETURNS @extschema@.rl_decision
+AS 'MODULE_PATHNAME', 'rl_reserve' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.rl_peek(policy text, subject text, cost bigint DEFAULT 1)
+RETURNS @extschema@.rl_decision
+AS 'MODULE_PATHNAME', 'rl_peek' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.rl_refund(policy text, subject text, amount bigint)
+RETURNS @extschema@.rl_decision
+AS 'MODULE_PATHNAME', 'rl_refund' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.rl_reset(policy text, subject text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'rl_reset' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION @extschema@.rl_reserve(text, text, bigint) IS
+    'like rl_consume, but the tokens come back if the transaction or savepoint rolls back';
+COMMENT ON FUNCTION @extschema@.rl_peek(text, text, bigint) IS
+    'the decision rl_consume would make, taking nothing';
+COMMENT ON FUNCTION @extschema@.rl_refund(text, text, bigint) IS
+    'give tokens back to the subject''s bucket, never above capacity';
+COMMENT ON FUNCTION @extschema@.rl_reset(text, text) IS
+    'make the subject''s bucket full again; false when Redis could not answer';
+
 COMMENT ON FUNCTION @extschema@.rl_consume(text, text, bigint) IS
     'take cost tokens from the subject''s bucket if they are all there; returns the decision';
 COMMENT ON FUNCTION @extschema@.rl_enforce(text, text, bigint) IS
@@ -153,6 +178,10 @@ COMMENT ON FUNCTION @extschema@.rl_enforce(text, text, bigint) IS
 -- Spending budget is a privilege: the owner grants it to the roles that need it.
 REVOKE ALL ON FUNCTION @extschema@.rl_consume(text, text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.rl_enforce(text, text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.rl_reserve(text, text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.rl_peek(text, text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.rl_refund(text, text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.rl_reset(text, text) FROM PUBLIC;
 REVOKE ALL ON @extschema@.rl_policy FROM PUBLIC;
 REVOKE ALL ON SEQUENCE @extschema@.rl_policy_version_seq FROM PUBLIC;
 -- Health is for monitoring: pg_monitor members (and roles granted EXECUTE) may read it.

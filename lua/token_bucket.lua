@@ -1,5 +1,6 @@
 -- Token bucket: refill pro rata since the last write, then take `cost` tokens if they
--- are all there. Runs atomically in Redis, on Redis's clock.
+-- are all there (or, by mode, only look, or give tokens back). Runs atomically in
+-- Redis, on Redis's clock.
 --
 -- Levels are integers in "units": one token is `unit` units and one millisecond adds
 -- `rate` units, so refill needs no fractions. The caller (bucket.c) reduces
@@ -11,7 +12,12 @@
 -- ARGV[3]  unit: units per token    ARGV[4]  cost in tokens (1 .. capacity)
 -- ARGV[5]  TTL in ms, at least the time to refill completely
 -- ARGV[6]  optional "now" in ms since the epoch, for tests; empty means Redis TIME
--- Returns {allowed (0|1), remaining tokens, retry_after_ms, reset_after_ms}.
+-- ARGV[7]  optional mode: "take" (the default), "peek" (decide, write nothing) or
+--          "refund" (give ARGV[4] tokens back, never above capacity)
+-- KEYS[2]  refund only, optional: a key that marks this refund as done, so that a
+--          retried refund credits nothing (it lives as long as the bucket)
+-- Returns {allowed (0|1), remaining tokens, retry_after_ms, reset_after_ms}; a refund
+-- answers allowed 0 when KEYS[2] showed it was already done.
 
 local key = KEYS[1]
 local capacity = tonumber(ARGV[1])
@@ -19,6 +25,7 @@ local rate = tonumber(ARGV[2])
 local unit = tonumber(ARGV[3])
 local cost = tonumber(ARGV[4]) * unit
 local ttl = tonumber(ARGV[5])
+local mode = ARGV[7] or 'take'
 
 -- Largest integer a double holds exactly; sums that could pass it saturate there.
 local EXACT_MAX = 9007199254740991
@@ -105,11 +112,20 @@ end
 
 local allowed = 0
 local retry_after = 0
-if level >= cost then
-  level = level - cost
+if mode == 'refund' then
+  if KEYS[2] == nil or redis.call('SET', KEYS[2], '1', 'NX', 'PX', add(ttl, paused)) then
+    level = math.min(capacity, level + cost)
+    allowed = 1
+    redis.call('HSET', key, 'level', level, 'time', last)
+    redis.call('PEXPIRE', key, add(ttl, paused))
+  end
+elseif level >= cost then
   allowed = 1
-  redis.call('HSET', key, 'level', level, 'time', last)
-  redis.call('PEXPIRE', key, add(ttl, paused))
+  if mode ~= 'peek' then
+    level = level - cost
+    redis.call('HSET', key, 'level', level, 'time', last)
+    redis.call('PEXPIRE', key, add(ttl, paused))
+  end
 else
   -- A denial takes nothing and writes nothing: the stored state still refills the same.
   retry_after = add(paused, ceil_div(cost - level, rate))

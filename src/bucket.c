@@ -94,12 +94,13 @@ bucket_state_full(const BucketParams *params, BucketState *state, int64 now_ms)
 }
 
 /*
- * Refills state to now_ms, then takes cost tokens if they are all there. A
- * denial leaves state as it was (the script writes nothing either).
+ * Refills state to now_ms, then takes cost tokens if they are all there (or,
+ * by mode, only looks, or gives cost tokens back). A denial or a peek leaves
+ * state as it was (the script writes nothing either).
  */
 void
-bucket_take(const BucketParams *params, BucketState *state, int64 now_ms,
-			int64 cost, BucketResult *result)
+bucket_apply(const BucketParams *params, BucketState *state, int64 now_ms,
+			 int64 cost, BucketMode mode, BucketResult *result)
 {
 	int64		capacity = params->capacity_units;
 	int64		need = cost * params->unit;
@@ -121,16 +122,19 @@ bucket_take(const BucketParams *params, BucketState *state, int64 now_ms,
 	else
 		paused = last - now_ms;
 
-	result->allowed = level >= need;
+	result->allowed = mode == BUCKET_REFUND || level >= need;
 	result->retry_after_ms = 0;
-	if (result->allowed)
-	{
+	if (mode == BUCKET_REFUND)
+		level = Min(capacity, level + need);
+	else if (result->allowed && mode == BUCKET_TAKE)
 		level -= need;
+	else if (!result->allowed)
+		result->retry_after_ms = add_saturating(paused, ceil_div(need - level, params->rate));
+	if (result->allowed && mode != BUCKET_PEEK)
+	{
 		state->level = level;
 		state->last_ms = last;
 	}
-	else
-		result->retry_after_ms = add_saturating(paused, ceil_div(need - level, params->rate));
 	result->remaining = floor_div(level, params->unit);
 	result->reset_after_ms = level < capacity ?
 		add_saturating(paused, ceil_div(capacity - level, params->rate)) : 0;

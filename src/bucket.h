@@ -29,7 +29,15 @@ typedef struct BucketState
 	int64		last_ms;		/* time of the last write, ms since the epoch */
 } BucketState;
 
-/* What a take answers: the script's reply. */
+/* What a call does to a bucket: the script's modes. */
+typedef enum BucketMode
+{
+	BUCKET_TAKE,				/* take cost tokens if they are all there */
+	BUCKET_PEEK,				/* the same decision, nothing taken */
+	BUCKET_REFUND				/* give cost tokens back, never above capacity */
+} BucketMode;
+
+/* What a call answers: the script's reply. */
 typedef struct BucketResult
 {
 	bool		allowed;
@@ -43,8 +51,8 @@ extern bool bucket_params_init(BucketParams *params, int64 capacity,
 							   int64 idle_ttl_ms);
 extern int64 bucket_refill_ms(const BucketParams *params);
 extern void bucket_state_full(const BucketParams *params, BucketState *state, int64 now_ms);
-extern void bucket_take(const BucketParams *params, BucketState *state, int64 now_ms,
-						int64 cost, BucketResult *result);
+extern void bucket_apply(const BucketParams *params, BucketState *state, int64 now_ms,
+						 int64 cost, BucketMode mode, BucketResult *result);
 extern bool bucket_is_full(const BucketParams *params, const BucketState *state, int64 now_ms);
 
 #endif							/* RL_BUCKET_H */

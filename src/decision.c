@@ -26,6 +26,11 @@ static RedisScript token_bucket_script = {
 	.body = script_token_bucket,
 };
 
+static RedisScript reset_script = {
+	.name = "reset",
+	.body = script_reset,
+};
+
 /* The Redis health this backend last logged, so a failure is logged once per change. */
 static RedisFailure logged_failure;
 
@@ -68,21 +73,43 @@ decision_now_ms(void)
 
 /* The local bucket's key: database, policy, version and subject, hashed (never 0). */
 static uint64
-local_key(const Policy *policy, const char *subject, int length)
+local_key(const DecisionRequest *request)
 {
+	const Policy *policy = &request->policy;
 	uint64		seed = hash_bytes_extended((const unsigned char *) policy->name,
 										   strlen(policy->name),
 										   ((uint64) MyDatabaseId << 32) | (uint32) policy->version);
-	uint64		key = hash_bytes_extended((const unsigned char *) subject, length, seed);
+	uint64		key = hash_bytes_extended((const unsigned char *) request->subject,
+										  request->length, seed);
 
 	return key != 0 ? key : 1;
 }
 
+/* Copies a bucket's answer into decision. */
+static void
+decision_from_bucket(Decision *decision, const BucketResult *result, DecisionSource source)
+{
+	decision->allowed = result->allowed;
+	decision->remaining = result->remaining;
+	decision->retry_after_ms = result->retry_after_ms;
+	decision->reset_after_ms = result->reset_after_ms;
+	decision->source = source;
+}
+
 /* Fills decision from the policy's fail mode, for when Redis could not decide. */
 static void
-decide_by_fail_mode(const Policy *policy, const char *subject, int length,
-					int64 cost, Decision *decision)
+decide_by_fail_mode(const DecisionRequest *request, Decision *decision)
 {
+	const Policy *policy = &request->policy;
+
+	if (request->mode == BUCKET_REFUND)
+	{
+		/* Only a bucket that can be reached can be refunded: nothing was given back. */
+		decision->allowed = false;
+		decision->retry_after_ms = breaker_retry_after_ms();
+		decision->source = DECISION_SOURCE_FAIL_CLOSED;
+		return;
+	}
 	if (policy->fail_mode == FAIL_MODE_OPEN)
 	{
 		decision->allowed = true;
@@ -90,17 +117,13 @@ decide_by_fail_mode(const Policy *policy, const char *subject, int length,
 		return;
 	}
 	if (policy->fail_mode == FAIL_MODE_LOCAL && local_available() &&
-		policy->local_usable && cost <= policy->local_bucket.capacity)
+		policy->local_usable && request->cost <= policy->local_bucket.capacity)
 	{
 		BucketResult result;
 
-		local_take(&policy->local_bucket, local_key(policy, subject, length),
-				   decision_now_ms(), cost, &result);
-		decision->allowed = result.allowed;
-		decision->remaining = result.remaining;
-		decision->retry_after_ms = result.retry_after_ms;
-		decision->reset_after_ms = result.reset_after_ms;
-		decision->source = DECISION_SOURCE_LOCAL;
+		local_apply(&policy->local_bucket, local_key(request), decision_now_ms(),
+					request->cost, request->mode, &result);
+		decision_from_bucket(decision, &result, DECISION_SOURCE_LOCAL);
 		return;
 	}
 	/* 'closed', and 'local' where no local bucket can decide (no preload, cost too high). */
@@ -112,28 +135,43 @@ decide_by_fail_mode(const Policy *policy, const char *subject, int length,
 
 /* Asks Redis; true with decision filled when it answered, else failure says why. */
 static bool
-decide_by_redis(const Policy *policy, const char *subject, int length, int64 cost,
-				Decision *decision, RedisFailure *failure)
+decide_by_redis(const DecisionRequest *request, Decision *decision, RedisFailure *failure)
 {
+	const Policy *policy = &request->policy;
 	StringInfoData key;
-	char		numbers[6][24];
-	const char *args[6];
+	StringInfoData refund_key;
+	const char *keys[2];
+	char		numbers[5][24];
+	const char *args[7];
 	long long	results[4];
 	bool		answered;
 
 	initStringInfo(&key);
-	subject_build_key(&key, policy, subject, length);
+	subject_build_key(&key, policy, request->subject, request->length);
+	keys[0] = key.data;
 	snprintf(numbers[0], sizeof(numbers[0]), INT64_FORMAT, policy->bucket.capacity_units);
 	snprintf(numbers[1], sizeof(numbers[1]), INT64_FORMAT, policy->bucket.rate);
 	snprintf(numbers[2], sizeof(numbers[2]), INT64_FORMAT, policy->bucket.unit);
-	snprintf(numbers[3], sizeof(numbers[3]), INT64_FORMAT, cost);
+	snprintf(numbers[3], sizeof(numbers[3]), INT64_FORMAT, request->cost);
 	snprintf(numbers[4], sizeof(numbers[4]), INT64_FORMAT, policy->bucket.ttl_ms);
-	strlcpy(numbers[5], rl_test_clock_ms ? rl_test_clock_ms : "", sizeof(numbers[5]));
-	for (int i = 0; i < 6; i++)
+	for (int i = 0; i < 5; i++)
 		args[i] = numbers[i];
+	args[5] = rl_test_clock_ms ? rl_test_clock_ms : "";
+	args[6] = request->mode == BUCKET_PEEK ? "peek" :
+		request->mode == BUCKET_REFUND ? "refund" : "take";
 
-	answered = redis_run_script(&token_bucket_script, key.data, 6, args, results, 4, failure);
+	/* A refund with an id is done once: its mark shares the bucket's hash tag. */
+	initStringInfo(&refund_key);
+	if (request->refund_id != NULL)
+	{
+		appendStringInfo(&refund_key, "%s:refund:%s", key.data, request->refund_id);
+		keys[1] = refund_key.data;
+	}
+
+	answered = redis_run_script(&token_bucket_script, request->refund_id ? 2 : 1, keys,
+								7, args, results, 4, failure);
 	pfree(key.data);
+	pfree(refund_key.data);
 	if (answered && (results[1] < 0 || results[2] < 0 || results[3] < 0))
 	{
 		failure->kind = REDIS_FAILURE_PROTOCOL;
@@ -152,34 +190,27 @@ decide_by_redis(const Policy *policy, const char *subject, int length, int64 cos
 }
 
 /*
- * Makes the decision for the (policy, subject, cost) arguments of fcinfo:
- * raises the contract's errors for bad input, otherwise always decides.
+ * Checks the (policy, subject, amount) arguments of fcinfo into request:
+ * raises the contract's errors for bad input. amount_name names the third
+ * argument in messages ("cost" or "amount"); a refund's amount is capped at
+ * the capacity instead of rejected above it.
  */
 void
-decision_make(FunctionCallInfo fcinfo, Decision *decision)
+decision_request_init(FunctionCallInfo fcinfo, BucketMode mode, DecisionRequest *request)
 {
-	text	   *policy_name;
-	text	   *subject_text;
-	const char *subject;
-	int			length;
-	int64		cost;
+	const char *amount_name = mode == BUCKET_REFUND ? "amount" : "cost";
+	int			nargs = PG_NARGS();
+	text	   *subject;
 	char	   *name;
 	const Policy *policy;
-	BreakerAttempt attempt;
 
-	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || (nargs > 2 && PG_ARGISNULL(2)))
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("%s must not be null",
-						PG_ARGISNULL(0) ? "policy" : PG_ARGISNULL(1) ? "subject" : "cost")));
-	policy_name = PG_GETARG_TEXT_PP(0);
-	subject_text = PG_GETARG_TEXT_PP(1);
-	subject = VARDATA_ANY(subject_text);
-	length = VARSIZE_ANY_EXHDR(subject_text);
-	cost = PG_GETARG_INT64(2);
-
-	name = text_to_cstring(policy_name);
+						PG_ARGISNULL(0) ? "policy" : PG_ARGISNULL(1) ? "subject" : amount_name)));
+	name = text_to_cstring(PG_GETARG_TEXT_PP(0));
 	policy = policy_lookup(fcinfo->flinfo->fn_oid, name);
 	if (policy == NULL)
 		ereport(ERROR,
@@ -194,14 +225,32 @@ decision_make(FunctionCallInfo fcinfo, Decision *decision)
 				 errmsg("rate limit policy \"%s\" is outside the supported bounds", policy->name),
 				 errdetail("With g = gcd(refill_amount, refill_period in ms), capacity * period_ms / g + refill_amount / g must stay below 2^53."),
 				 errhint("Restore the table's constraints and correct the policy.")));
-	if (cost <= 0 || cost > policy->bucket.capacity)
+
+	memset(request, 0, sizeof(*request));
+	request->policy = *policy;	/* a copy: the cache may be reloaded later */
+	request->mode = mode;
+	request->cost = nargs > 2 ? PG_GETARG_INT64(2) : 1;
+	if (mode == BUCKET_REFUND && request->cost > 0)
+		request->cost = Min(request->cost, policy->bucket.capacity);
+	if (request->cost <= 0 || request->cost > policy->bucket.capacity)
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("cost must be between 1 and the capacity of policy \"%s\" (" INT64_FORMAT ")",
-						policy->name, policy->bucket.capacity),
-				 errdetail("The cost was " INT64_FORMAT ".", cost)));
-	subject_check(subject, length);
+				 errmsg("%s must be between 1 and the capacity of policy \"%s\" (" INT64_FORMAT ")",
+						amount_name, policy->name, policy->bucket.capacity),
+				 errdetail("The %s was " INT64_FORMAT ".", amount_name, PG_GETARG_INT64(2))));
+	subject = PG_GETARG_TEXT_PP(1);
+	request->subject = VARDATA_ANY(subject);
+	request->length = VARSIZE_ANY_EXHDR(subject);
+	subject_check(request->subject, request->length);
+}
+
+/* Runs a checked request: Redis while it answers, else the policy's fail mode. */
+void
+decision_run(const DecisionRequest *request, Decision *decision)
+{
+	const Policy *policy = &request->policy;
+	BreakerAttempt attempt;
 
 	memset(decision, 0, sizeof(*decision));
 	strlcpy(decision->policy, policy->name, sizeof(decision->policy));
@@ -220,7 +269,7 @@ decision_make(FunctionCallInfo fcinfo, Decision *decision)
 			/* A probe cut short by a cancel must not keep Redis skipped for its deadline. */
 			PG_TRY();
 			{
-				answered = decide_by_redis(policy, subject, length, cost, decision, &failure);
+				answered = decide_by_redis(request, decision, &failure);
 			}
 			PG_CATCH();
 			{
@@ -230,13 +279,61 @@ decision_make(FunctionCallInfo fcinfo, Decision *decision)
 			PG_END_TRY();
 		}
 		else
-			answered = decide_by_redis(policy, subject, length, cost, decision, &failure);
+			answered = decide_by_redis(request, decision, &failure);
 		breaker_record(&failure);
 		log_redis_health(policy, &failure);
 		if (answered)
 			return;
 	}
-	decide_by_fail_mode(policy, subject, length, cost, decision);
+	decide_by_fail_mode(request, decision);
+}
+
+/*
+ * Forgets the request's bucket in Redis (a full bucket again). Returns false
+ * when Redis could not answer; the local bucket, if any, is left alone.
+ */
+bool
+decision_reset(const DecisionRequest *request)
+{
+	StringInfoData key;
+	const char *keys[1];
+	long long	deleted;
+	RedisFailure failure;
+	bool		answered = false;
+
+	if (breaker_allows_attempt() == BREAKER_SKIP)
+		return false;
+	initStringInfo(&key);
+	subject_build_key(&key, &request->policy, request->subject, request->length);
+	keys[0] = key.data;
+	answered = redis_run_script(&reset_script, 1, keys, 0, NULL, &deleted, 1, &failure);
+	breaker_record(&failure);
+	log_redis_health(&request->policy, &failure);
+	pfree(key.data);
+	return answered;
+}
+
+/* Gives a request's tokens back to its local bucket (a reservation granted there). */
+void
+decision_refund_local(const DecisionRequest *request)
+{
+	BucketResult result;
+
+	Assert(request->mode == BUCKET_REFUND);
+	if (local_available() && request->policy.local_usable)
+		local_apply(&request->policy.local_bucket, local_key(request), decision_now_ms(),
+					Min(request->cost, request->policy.local_bucket.capacity),
+					BUCKET_REFUND, &result);
+}
+
+/* Decides the (policy, subject, cost) arguments of fcinfo in mode. */
+void
+decision_make(FunctionCallInfo fcinfo, BucketMode mode, Decision *decision)
+{
+	DecisionRequest request;
+
+	decision_request_init(fcinfo, mode, &request);
+	decision_run(&request, decision);
 }
 
 /* The source column's text. */

@@ -7,6 +7,9 @@
 
 #include "fmgr.h"
 
+#include "bucket.h"
+#include "policy.h"
+
 /* Who made a decision: the rl_decision.source column. */
 typedef enum DecisionSource
 {
@@ -28,7 +31,23 @@ typedef struct Decision
 	DecisionSource source;
 } Decision;
 
-extern void decision_make(FunctionCallInfo fcinfo, Decision *decision);
+/* One call's checked arguments. */
+typedef struct DecisionRequest
+{
+	Policy		policy;			/* a copy of the cached policy */
+	const char *subject;		/* not NUL-terminated */
+	int			length;
+	int64		cost;			/* a refund's amount */
+	BucketMode	mode;
+	const char *refund_id;		/* refunds: done once per id, when set */
+} DecisionRequest;
+
+extern void decision_request_init(FunctionCallInfo fcinfo, BucketMode mode,
+								  DecisionRequest *request);
+extern void decision_run(const DecisionRequest *request, Decision *decision);
+extern void decision_refund_local(const DecisionRequest *request);
+extern bool decision_reset(const DecisionRequest *request);
+extern void decision_make(FunctionCallInfo fcinfo, BucketMode mode, Decision *decision);
 extern Datum decision_to_datum(FunctionCallInfo fcinfo, const Decision *decision);
 
 #endif							/* RL_DECISION_H */

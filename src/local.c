@@ -114,11 +114,12 @@ slot_claim(LocalSlot *slot, uint64 key, const BucketParams *params, int64 now_ms
 
 /*
  * Decides from the local bucket of key (a hash of database, policy, version
- * and subject; never 0). Cost must not exceed params->capacity.
+ * and subject; never 0), in mode (take, peek or refund). Cost must not exceed
+ * params->capacity.
  */
 void
-local_take(const BucketParams *params, uint64 key, int64 now_ms, int64 cost,
-		   BucketResult *result)
+local_apply(const BucketParams *params, uint64 key, int64 now_ms, int64 cost,
+			BucketMode mode, BucketResult *result)
 {
 	int			per_partition = table->slots_per_partition;
 	int			partition = key % LOCAL_PARTITIONS;
@@ -158,7 +159,7 @@ local_take(const BucketParams *params, uint64 key, int64 now_ms, int64 cost,
 				BucketState copy = slot->state;
 
 				/* How long until this one is full: a cost-free look at it. */
-				bucket_take(&own, &copy, now_ms, 0, &probe);
+				bucket_apply(&own, &copy, now_ms, 0, BUCKET_PEEK, &probe);
 				soonest_full = Min(soonest_full, probe.reset_after_ms);
 			}
 		}
@@ -179,7 +180,7 @@ local_take(const BucketParams *params, uint64 key, int64 now_ms, int64 cost,
 	}
 
 	if (chosen != NULL)
-		bucket_take(params, &chosen->state, now_ms, cost, result);
+		bucket_apply(params, &chosen->state, now_ms, cost, mode, result);
 	LWLockRelease(&locks[partition].lock);
 
 	if (chosen == NULL)

@@ -20,6 +20,7 @@
 #include "local.h"
 #include "policy.h"
 #include "redis_url.h"
+#include "reservation.h"
 #include "subject.h"
 
 PG_MODULE_MAGIC;
@@ -187,6 +188,7 @@ _PG_init(void)
 							   NULL, &rl_test_clock_ms, "", PGC_SUSET,
 							   GUC_NOT_IN_SAMPLE, check_test_clock, NULL, NULL);
 	policy_cache_init();
+	reservation_init();
 
 	/* Shared memory, and the setting that sizes it, exist only when preloaded. */
 	if (process_shared_preload_libraries_in_progress)
@@ -212,7 +214,7 @@ rl_consume(PG_FUNCTION_ARGS)
 {
 	Decision	decision;
 
-	decision_make(fcinfo, &decision);
+	decision_make(fcinfo, BUCKET_TAKE, &decision);
 	return decision_to_datum(fcinfo, &decision);
 }
 
@@ -238,7 +240,7 @@ rl_enforce(PG_FUNCTION_ARGS)
 {
 	Decision	decision;
 
-	decision_make(fcinfo, &decision);
+	decision_make(fcinfo, BUCKET_TAKE, &decision);
 	if (!decision.allowed && decision.source == DECISION_SOURCE_FAIL_CLOSED)
 		ereport(ERROR,
 				(errhidestmt(true),
@@ -301,4 +303,54 @@ Datum
 rl_local_available(PG_FUNCTION_ARGS)
 {
 	PG_RETURN_BOOL(local_available());
+}
+
+/* Logs an administrative action on a policy: the policy and the action, never the subject. */
+static void
+audit(const char *action, const char *policy)
+{
+	ereport(LOG,
+			(errhidestmt(true),
+			 errhidecontext(true),
+			 errmsg("ratelimit: %s on policy \"%s\"", action, policy)));
+}
+
+PG_FUNCTION_INFO_V1(rl_peek);
+
+/* rl_peek(policy, subject, cost): the decision rl_consume would make, taking nothing. */
+Datum
+rl_peek(PG_FUNCTION_ARGS)
+{
+	Decision	decision;
+
+	decision_make(fcinfo, BUCKET_PEEK, &decision);
+	return decision_to_datum(fcinfo, &decision);
+}
+
+PG_FUNCTION_INFO_V1(rl_refund);
+
+/* rl_refund(policy, subject, amount): gives tokens back, never above capacity. */
+Datum
+rl_refund(PG_FUNCTION_ARGS)
+{
+	Decision	decision;
+
+	decision_make(fcinfo, BUCKET_REFUND, &decision);
+	audit("refund", decision.policy);
+	return decision_to_datum(fcinfo, &decision);
+}
+
+PG_FUNCTION_INFO_V1(rl_reset);
+
+/* rl_reset(policy, subject): a full bucket; false when Redis could not answer. */
+Datum
+rl_reset(PG_FUNCTION_ARGS)
+{
+	DecisionRequest request;
+	bool		done;
+
+	decision_request_init(fcinfo, BUCKET_PEEK, &request);
+	done = decision_reset(&request);
+	audit("reset", request.policy.name);
+	PG_RETURN_BOOL(done);
 }

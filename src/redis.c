@@ -367,21 +367,24 @@ redis_script_prepare(RedisScript *script)
 		snprintf(script->sha1 + 2 * i, 3, "%02x", digest[i]);
 }
 
-/* Queues EVALSHA (or EVAL with the body) of script for key and args. */
+/* Queues EVALSHA (or EVAL with the body) of script for keys and args. */
 static bool
-redis_append_script(RedisScript *script, bool by_sha, const char *key,
+redis_append_script(RedisScript *script, bool by_sha, int nkeys, const char *const *keys,
 					int nargs, const char *const *args, RedisFailure *failure)
 {
-	int			argc = 4 + nargs;
+	int			argc = 3 + nkeys + nargs;
 	const char **argv = palloc(argc * sizeof(char *));
+	char		key_count[12];
 	int			rc;
 
+	snprintf(key_count, sizeof(key_count), "%d", nkeys);
 	argv[0] = by_sha ? "EVALSHA" : "EVAL";
 	argv[1] = by_sha ? script->sha1 : script->body;
-	argv[2] = "1";
-	argv[3] = key;
+	argv[2] = key_count;
+	for (int i = 0; i < nkeys; i++)
+		argv[3 + i] = keys[i];
 	for (int i = 0; i < nargs; i++)
-		argv[4 + i] = args[i];
+		argv[3 + nkeys + i] = args[i];
 	/* Explicit argv, never a format string: keys and arguments are binary-safe. */
 	rc = redisAppendCommandArgv(connection.context, argc, argv, NULL);
 	pfree(argv);
@@ -391,20 +394,21 @@ redis_append_script(RedisScript *script, bool by_sha, const char *key,
 }
 
 /*
- * Runs script for key with args (NUL-terminated strings) and stores its reply,
- * an array of nresults integers, in results. On any failure returns false and
- * says why in failure; the caller's fail mode decides what that means. Never
- * raises an error itself, except for an interrupt served while waiting.
+ * Runs script for keys and args (NUL-terminated strings; every key in one hash
+ * tag, so that one node holds them all) and stores its reply, an array of
+ * nresults integers, in results. On any failure returns false and says why in
+ * failure; the caller's fail mode decides what that means. Never raises an
+ * error itself, except for an interrupt served while waiting.
  */
 bool
-redis_run_script(RedisScript *script, const char *key, int nargs,
-				 const char *const *args, long long *results, int nresults,
+redis_run_script(RedisScript *script, int nkeys, const char *const *keys,
+				 int nargs, const char *const *args, long long *results, int nresults,
 				 RedisFailure *failure)
 {
 	int64		deadline;
 	redisReply *reply;
 
-	Assert(nresults > 0 && key != NULL);
+	Assert(nresults > 0 && nkeys > 0);
 	failure->kind = REDIS_FAILURE_NONE;
 	failure->detail[0] = '\0';
 	redis_script_prepare(script);
@@ -421,7 +425,7 @@ redis_run_script(RedisScript *script, const char *key, int nargs,
 
 	deadline = rl_monotonic_us() + (int64) rl_command_timeout_ms * 1000;
 	connection.busy = true;
-	if (!redis_append_script(script, true, key, nargs, args, failure) ||
+	if (!redis_append_script(script, true, nkeys, keys, nargs, args, failure) ||
 		!redis_request(deadline, &reply, failure))
 		return false;
 
@@ -429,7 +433,7 @@ redis_run_script(RedisScript *script, const char *key, int nargs,
 	if (reply->type == REDIS_REPLY_ERROR && strncmp(reply->str, "NOSCRIPT", 8) == 0)
 	{
 		freeReplyObject(reply);
-		if (!redis_append_script(script, false, key, nargs, args, failure) ||
+		if (!redis_append_script(script, false, nkeys, keys, nargs, args, failure) ||
 			!redis_request(deadline, &reply, failure))
 			return false;
 	}

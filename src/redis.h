@@ -32,7 +32,7 @@ typedef struct RedisScript
 	char		sha1[41];
 } RedisScript;
 
-extern bool redis_run_script(RedisScript *script, const char *key,
+extern bool redis_run_script(RedisScript *script, int nkeys, const char *const *keys,
 							 int nargs, const char *const *args,
 							 long long *results, int nresults,
 							 RedisFailure *failure);

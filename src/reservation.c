@@ -1,0 +1,208 @@
+/*
+ * reservation.c
+ *	  Budget that follows the transaction: rl_reserve's tokens come back on rollback.
+ *
+ * rl_reserve decides like rl_consume and remembers what it took, with the
+ * subtransaction that took it. When that subtransaction or the transaction
+ * rolls back, the tokens are refunded (never above capacity); when the
+ * transaction commits they stay spent. Each reservation has an id, and the
+ * Redis refund marks it done, so a retried refund credits nothing twice.
+ *
+ * Refunds run inside abort processing, where nothing may raise an error and the
+ * end of the transaction must not wait long: interrupts are held (so a cancel
+ * cannot break in), every Redis call keeps its command_timeout, and the breaker
+ * skips Redis altogether once it is known to be down. A refund that cannot be
+ * made is logged and lost: that can only deny more later, never grant more.
+ * PREPARE TRANSACTION with reservations pending is refused: a prepared
+ * transaction outlives the session that would have to refund it.
+ */
+#include "ratelimit.h"
+
+#include "access/xact.h"
+#include "miscadmin.h"
+#include "nodes/pg_list.h"
+#include "utils/memutils.h"
+
+#include "decision.h"
+#include "reservation.h"
+
+typedef struct Reservation
+{
+	DecisionRequest request;	/* the refund: mode BUCKET_REFUND, with an id */
+	DecisionSource source;		/* who granted it: Redis or the local bucket */
+	SubTransactionId subxact;	/* who took it; a commit passes it to the parent */
+} Reservation;
+
+static List *reservations = NIL;
+static MemoryContext reservation_context = NULL;
+static uint64 reservation_counter = 0;
+
+/* Remembers what a granted rl_reserve took, until its transaction ends. */
+static void
+reservation_remember(const DecisionRequest *request, DecisionSource source)
+{
+	MemoryContext old_context = MemoryContextSwitchTo(reservation_context);
+	Reservation *reservation = palloc(sizeof(Reservation));
+	char	   *subject = palloc(request->length);
+
+	memcpy(subject, request->subject, request->length);
+	reservation->request = *request;
+	reservation->request.subject = subject;
+	reservation->request.mode = BUCKET_REFUND;
+	reservation->request.refund_id = psprintf("%d.%ld.%llu", MyProcPid, (long) MyStartTime,
+											  (unsigned long long) ++reservation_counter);
+	reservation->source = source;
+	reservation->subxact = GetCurrentSubTransactionId();
+	reservations = lappend(reservations, reservation);
+	MemoryContextSwitchTo(old_context);
+}
+
+/* Gives one reservation's tokens back where they came from; never raises. */
+static void
+reservation_refund(Reservation *reservation)
+{
+	MemoryContext context = CurrentMemoryContext;
+	const char *policy = reservation->request.policy.name;
+	Decision	decision;
+
+	PG_TRY();
+	{
+		if (reservation->source == DECISION_SOURCE_LOCAL)
+			decision_refund_local(&reservation->request);
+		else
+		{
+			decision_run(&reservation->request, &decision);
+			if (decision.source != DECISION_SOURCE_REDIS)
+				ereport(LOG,
+						(errhidestmt(true),
+						 errhidecontext(true),
+						 errmsg("ratelimit: a reservation of policy \"%s\" was not refunded: Redis cannot answer",
+								policy)));
+		}
+	}
+	PG_CATCH();
+	{
+		MemoryContextSwitchTo(context);
+		FlushErrorState();
+		ereport(LOG,
+				(errhidestmt(true),
+				 errhidecontext(true),
+				 errmsg("ratelimit: a reservation of policy \"%s\" was not refunded", policy)));
+	}
+	PG_END_TRY();
+}
+
+/* Refunds the reservations of subtransaction from and later ones (all: Invalid). */
+static void
+reservations_refund(SubTransactionId from)
+{
+	List	   *kept = NIL;
+	ListCell   *cell;
+
+	MemoryContext old_context;
+
+	if (reservations == NIL)
+		return;
+	HOLD_INTERRUPTS();
+	old_context = MemoryContextSwitchTo(reservation_context);
+	foreach(cell, reservations)
+	{
+		Reservation *reservation = lfirst(cell);
+
+		if (from == InvalidSubTransactionId || reservation->subxact >= from)
+			reservation_refund(reservation);
+		else
+			kept = lappend(kept, reservation);
+	}
+	MemoryContextSwitchTo(old_context);
+	RESUME_INTERRUPTS();
+	list_free(reservations);
+	reservations = kept;
+	if (reservations == NIL)
+		MemoryContextReset(reservation_context);
+}
+
+/* Forgets every reservation: its transaction committed, they stay spent. */
+static void
+reservations_forget(void)
+{
+	list_free(reservations);
+	reservations = NIL;
+	MemoryContextReset(reservation_context);
+}
+
+/* Transaction end: commit keeps, abort refunds, PREPARE is refused. */
+static void
+reservation_xact_callback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_PRE_PREPARE:
+			if (reservations != NIL)
+				ereport(ERROR,
+						(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+						 errmsg("cannot prepare a transaction that holds rate limit reservations"),
+						 errdetail("A prepared transaction can outlive the session that would refund them."),
+						 errhint("Use rl_consume in transactions that will be prepared.")));
+			break;
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_PREPARE:
+			reservations_forget();
+			break;
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+			reservations_refund(InvalidSubTransactionId);
+			break;
+		default:
+			break;
+	}
+}
+
+/* Subtransaction end: a commit hands its reservations to the parent, an abort refunds them. */
+static void
+reservation_subxact_callback(SubXactEvent event, SubTransactionId subxact,
+							 SubTransactionId parent, void *arg)
+{
+	ListCell   *cell;
+
+	if (event == SUBXACT_EVENT_ABORT_SUB)
+		reservations_refund(subxact);
+	else if (event == SUBXACT_EVENT_COMMIT_SUB)
+	{
+		foreach(cell, reservations)
+		{
+			Reservation *reservation = lfirst(cell);
+
+			if (reservation->subxact == subxact)
+				reservation->subxact = parent;
+		}
+	}
+}
+
+/* Registers the transaction callbacks; called once per backend from _PG_init. */
+void
+reservation_init(void)
+{
+	reservation_context = AllocSetContextCreate(TopMemoryContext, "ratelimit reservations",
+												ALLOCSET_SMALL_SIZES);
+	RegisterXactCallback(reservation_xact_callback, NULL);
+	RegisterSubXactCallback(reservation_subxact_callback, NULL);
+}
+
+PG_FUNCTION_INFO_V1(rl_reserve);
+
+/* rl_reserve(policy, subject, cost): rl_consume, refunded if its (sub)transaction rolls back. */
+Datum
+rl_reserve(PG_FUNCTION_ARGS)
+{
+	DecisionRequest request;
+	Decision	decision;
+
+	decision_request_init(fcinfo, BUCKET_TAKE, &request);
+	decision_run(&request, &decision);
+	if (decision.allowed &&
+		(decision.source == DECISION_SOURCE_REDIS || decision.source == DECISION_SOURCE_LOCAL))
+		reservation_remember(&request, decision.source);
+	return decision_to_datum(fcinfo, &decision);
+}
