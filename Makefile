@@ -5,7 +5,7 @@ MODULE_big = ratelimit
 DATA = $(wildcard ratelimit--*.sql)
 OBJS = src/ratelimit.o src/decision.o src/policy.o src/subject.o \
        src/bucket.o src/breaker.o src/local.o src/redis.o src/redis_url.o \
-       src/reservation.o
+       src/reservation.o src/lease.o
 SHLIB_LINK = -lhiredis
 PG_CPPFLAGS = -I$(srcdir)/src
 PG_CFLAGS = -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers
@@ -26,4 +26,4 @@ include $(PGXS)
 src/scripts.h: $(wildcard lua/*.lua) dev/embed-lua
 	$(srcdir)/dev/embed-lua $(sort $(wildcard $(srcdir)/lua/*.lua)) > $@.tmp && mv $@.tmp $@
 
-src/decision.o src/decision.bc: src/scripts.h
+src/decision.o src/decision.bc src/lease.o src/lease.bc: src/scripts.h

@@ -40,10 +40,10 @@ CREATE TABLE @extschema@.rl_policy (
     name          text PRIMARY KEY
                   CONSTRAINT rl_policy_name_check CHECK (name ~ '^[a-z0-9_.-]{1,63}$'),
     algorithm     text NOT NULL DEFAULT 'token_bucket'
-                  CONSTRAINT rl_policy_algorithm_check CHECK (algorithm IN ('token_bucket')),
+                  CONSTRAINT rl_policy_algorithm_check CHECK (algorithm IN ('token_bucket', 'concurrency')),
     capacity      bigint NOT NULL CONSTRAINT rl_policy_capacity_check CHECK (capacity > 0),
-    refill_amount bigint NOT NULL CONSTRAINT rl_policy_refill_amount_check CHECK (refill_amount > 0),
-    refill_period interval NOT NULL
+    refill_amount bigint CONSTRAINT rl_policy_refill_amount_check CHECK (refill_amount > 0),
+    refill_period interval
                   CONSTRAINT rl_policy_refill_period_check
                   CHECK (@extschema@.rl_interval_is_whole_ms(refill_period)),
     idle_ttl      interval,
@@ -52,6 +52,13 @@ CREATE TABLE @extschema@.rl_policy (
     local_share   numeric NOT NULL DEFAULT 1
                   CONSTRAINT rl_policy_local_share_check CHECK (local_share > 0 AND local_share <= 1),
     version       integer NOT NULL DEFAULT 0,
+    -- A token bucket refills; a concurrency policy holds leases, each living at most
+    -- idle_ttl (the backstop for a holder that dies), and has no refill.
+    CONSTRAINT rl_policy_algorithm_fields_check
+        CHECK (CASE algorithm
+                   WHEN 'token_bucket' THEN refill_amount IS NOT NULL AND refill_period IS NOT NULL
+                   ELSE refill_amount IS NULL AND refill_period IS NULL AND idle_ttl IS NOT NULL
+               END),
     CONSTRAINT rl_policy_idle_ttl_check
         CHECK (idle_ttl IS NULL
                OR @extschema@.rl_interval_is_whole_ms(idle_ttl) AND @extschema@.rl_interval_ms(idle_ttl)
@@ -161,6 +168,18 @@ CREATE FUNCTION @extschema@.rl_reset(policy text, subject text)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'rl_reset' LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
+CREATE FUNCTION @extschema@.rl_acquire(policy text, subject text, scope text DEFAULT 'transaction')
+RETURNS @extschema@.rl_decision
+AS 'MODULE_PATHNAME', 'rl_acquire' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.rl_release(policy text, subject text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'rl_release' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION @extschema@.rl_acquire(text, text, text) IS
+    'take one lease of a concurrency policy, released when the transaction (or session) ends';
+COMMENT ON FUNCTION @extschema@.rl_release(text, text) IS
+    'give back the latest lease this session holds for the policy and subject';
 COMMENT ON FUNCTION @extschema@.rl_reserve(text, text, bigint) IS
     'like rl_consume, but the tokens come back if the transaction or savepoint rolls back';
 COMMENT ON FUNCTION @extschema@.rl_peek(text, text, bigint) IS
@@ -182,6 +201,8 @@ REVOKE ALL ON FUNCTION @extschema@.rl_reserve(text, text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.rl_peek(text, text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.rl_refund(text, text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.rl_reset(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.rl_acquire(text, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.rl_release(text, text) FROM PUBLIC;
 REVOKE ALL ON @extschema@.rl_policy FROM PUBLIC;
 REVOKE ALL ON SEQUENCE @extschema@.rl_policy_version_seq FROM PUBLIC;
 -- Health is for monitoring: pg_monitor members (and roles granted EXECUTE) may read it.

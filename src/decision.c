@@ -38,7 +38,7 @@ static RedisFailure logged_failure;
  * Logs a change of Redis health: a new failure class, or recovery. Never a key
  * or subject: the statement (which may hold the subject) is kept out of the line.
  */
-static void
+void
 log_redis_health(const Policy *policy, const RedisFailure *failure)
 {
 	if (failure->kind == logged_failure.kind &&
@@ -62,7 +62,7 @@ log_redis_health(const Policy *policy, const RedisFailure *failure)
 }
 
 /* Now in ms since the epoch: the test clock when set, else this server's clock. */
-static int64
+int64
 decision_now_ms(void)
 {
 	if (rl_test_clock_ms != NULL && rl_test_clock_ms[0] != '\0')
@@ -200,16 +200,50 @@ decision_request_init(FunctionCallInfo fcinfo, BucketMode mode, DecisionRequest 
 {
 	const char *amount_name = mode == BUCKET_REFUND ? "amount" : "cost";
 	int			nargs = PG_NARGS();
+	const Policy *policy;
+
+	if (nargs > 2 && PG_ARGISNULL(2) && !PG_ARGISNULL(0) && !PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", amount_name)));
+	policy = decision_policy_subject(fcinfo, request);
+	if (policy->algorithm != ALGORITHM_TOKEN_BUCKET && mode != BUCKET_PEEK)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_WRONG_OBJECT_TYPE),
+				 errmsg("rate limit policy \"%s\" is a concurrency policy", policy->name),
+				 errhint("Take its leases with rl_acquire and give them back with rl_release.")));
+	request->mode = mode;
+	request->cost = nargs > 2 ? PG_GETARG_INT64(2) : 1;
+	if (mode == BUCKET_REFUND && request->cost > 0)
+		request->cost = Min(request->cost, policy->bucket.capacity);
+	if (request->cost <= 0 || request->cost > policy->bucket.capacity)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be between 1 and the capacity of policy \"%s\" (" INT64_FORMAT ")",
+						amount_name, policy->name, policy->bucket.capacity),
+				 errdetail("The %s was " INT64_FORMAT ".", amount_name, PG_GETARG_INT64(2))));
+}
+
+/*
+ * Checks the (policy, subject) arguments of fcinfo into request (the rest of
+ * it zeroed) and returns the cached policy: the contract's errors for NULLs,
+ * an unknown or unusable policy, and a bad subject.
+ */
+const Policy *
+decision_policy_subject(FunctionCallInfo fcinfo, DecisionRequest *request)
+{
 	text	   *subject;
 	char	   *name;
 	const Policy *policy;
 
-	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || (nargs > 2 && PG_ARGISNULL(2)))
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must not be null",
-						PG_ARGISNULL(0) ? "policy" : PG_ARGISNULL(1) ? "subject" : amount_name)));
+				 errmsg("%s must not be null", PG_ARGISNULL(0) ? "policy" : "subject")));
 	name = text_to_cstring(PG_GETARG_TEXT_PP(0));
 	policy = policy_lookup(fcinfo->flinfo->fn_oid, name);
 	if (policy == NULL)
@@ -228,21 +262,11 @@ decision_request_init(FunctionCallInfo fcinfo, BucketMode mode, DecisionRequest 
 
 	memset(request, 0, sizeof(*request));
 	request->policy = *policy;	/* a copy: the cache may be reloaded later */
-	request->mode = mode;
-	request->cost = nargs > 2 ? PG_GETARG_INT64(2) : 1;
-	if (mode == BUCKET_REFUND && request->cost > 0)
-		request->cost = Min(request->cost, policy->bucket.capacity);
-	if (request->cost <= 0 || request->cost > policy->bucket.capacity)
-		ereport(ERROR,
-				(errhidestmt(true),
-				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("%s must be between 1 and the capacity of policy \"%s\" (" INT64_FORMAT ")",
-						amount_name, policy->name, policy->bucket.capacity),
-				 errdetail("The %s was " INT64_FORMAT ".", amount_name, PG_GETARG_INT64(2))));
 	subject = PG_GETARG_TEXT_PP(1);
 	request->subject = VARDATA_ANY(subject);
 	request->length = VARSIZE_ANY_EXHDR(subject);
 	subject_check(request->subject, request->length);
+	return policy;
 }
 
 /* Runs a checked request: Redis while it answers, else the policy's fail mode. */

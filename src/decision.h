@@ -9,6 +9,7 @@
 
 #include "bucket.h"
 #include "policy.h"
+#include "redis.h"
 
 /* Who made a decision: the rl_decision.source column. */
 typedef enum DecisionSource
@@ -44,6 +45,9 @@ typedef struct DecisionRequest
 
 extern void decision_request_init(FunctionCallInfo fcinfo, BucketMode mode,
 								  DecisionRequest *request);
+extern const Policy *decision_policy_subject(FunctionCallInfo fcinfo, DecisionRequest *request);
+extern void log_redis_health(const Policy *policy, const RedisFailure *failure);
+extern int64 decision_now_ms(void);
 extern void decision_run(const DecisionRequest *request, Decision *decision);
 extern void decision_refund_local(const DecisionRequest *request);
 extern bool decision_reset(const DecisionRequest *request);

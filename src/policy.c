@@ -121,6 +121,7 @@ policy_cache_load(Oid relid)
 	TableScanDesc scan;
 	HeapTuple	tuple;
 	int			name_col,
+				algorithm_col,
 				capacity_col,
 				refill_amount_col,
 				refill_period_col,
@@ -141,6 +142,7 @@ policy_cache_load(Oid relid)
 	rel = table_open(relid, NoLock);
 	desc = RelationGetDescr(rel);
 	name_col = policy_attnum(rel, "name");
+	algorithm_col = policy_attnum(rel, "algorithm");
 	capacity_col = policy_attnum(rel, "capacity");
 	refill_amount_col = policy_attnum(rel, "refill_amount");
 	refill_period_col = policy_attnum(rel, "refill_period");
@@ -158,6 +160,7 @@ policy_cache_load(Oid relid)
 		bool	   *nulls = palloc(desc->natts * sizeof(bool));
 		char	   *name;
 		char	   *fail_mode;
+		char	   *algorithm;
 		Policy	   *policy;
 		bool		found;
 		int64		idle_ttl_ms;
@@ -175,8 +178,27 @@ policy_cache_load(Oid relid)
 		idle_ttl_ms = nulls[idle_ttl_col] ? 0 :
 			interval_ms(DatumGetIntervalP(values[idle_ttl_col]));
 		capacity = DatumGetInt64(values[capacity_col]);
-		refill_amount = DatumGetInt64(values[refill_amount_col]);
-		period_ms = interval_ms(DatumGetIntervalP(values[refill_period_col]));
+		algorithm = TextDatumGetCString(values[algorithm_col]);
+		policy->algorithm = strcmp(algorithm, "concurrency") == 0 ?
+			ALGORITHM_CONCURRENCY : ALGORITHM_TOKEN_BUCKET;
+		pfree(algorithm);
+		if (policy->algorithm == ALGORITHM_CONCURRENCY)
+		{
+			/* Leases: capacity at once, each living at most idle_ttl. */
+			memset(&policy->bucket, 0, sizeof(policy->bucket));
+			policy->bucket.capacity = capacity;
+			policy->bucket.ttl_ms = idle_ttl_ms;
+			policy->usable = capacity > 0 && idle_ttl_ms > 0;
+			policy->local_usable = false;
+			pfree(fail_mode);
+			pfree(name);
+			pfree(values);
+			pfree(nulls);
+			continue;
+		}
+		refill_amount = nulls[refill_amount_col] ? 0 : DatumGetInt64(values[refill_amount_col]);
+		period_ms = nulls[refill_period_col] ? 0 :
+			interval_ms(DatumGetIntervalP(values[refill_period_col]));
 		policy->usable = bucket_params_init(&policy->bucket, capacity, refill_amount,
 											period_ms, idle_ttl_ms);
 

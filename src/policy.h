@@ -14,13 +14,20 @@ typedef enum FailMode
 	FAIL_MODE_LOCAL
 } FailMode;
 
+typedef enum Algorithm
+{
+	ALGORITHM_TOKEN_BUCKET,
+	ALGORITHM_CONCURRENCY
+} Algorithm;
+
 typedef struct Policy
 {
 	char		name[NAMEDATALEN];	/* hash key; the table allows at most 63 bytes */
 	int32		version;
+	Algorithm	algorithm;
 	FailMode	fail_mode;
 	bool		usable;			/* false: the row is outside the bucket's bounds */
-	BucketParams bucket;
+	BucketParams bucket;		/* concurrency: only capacity and ttl_ms (the lease TTL) */
 	/* The local fallback bucket: capacity and refill scaled by local_share. */
 	bool		local_usable;
 	BucketParams local_bucket;

@@ -17,6 +17,7 @@
 
 #include "breaker.h"
 #include "decision.h"
+#include "lease.h"
 #include "local.h"
 #include "policy.h"
 #include "redis_url.h"
@@ -189,6 +190,7 @@ _PG_init(void)
 							   GUC_NOT_IN_SAMPLE, check_test_clock, NULL, NULL);
 	policy_cache_init();
 	reservation_init();
+	lease_init();
 
 	/* Shared memory, and the setting that sizes it, exist only when preloaded. */
 	if (process_shared_preload_libraries_in_progress)
@@ -321,9 +323,14 @@ PG_FUNCTION_INFO_V1(rl_peek);
 Datum
 rl_peek(PG_FUNCTION_ARGS)
 {
+	DecisionRequest request;
 	Decision	decision;
 
-	decision_make(fcinfo, BUCKET_PEEK, &decision);
+	decision_request_init(fcinfo, BUCKET_PEEK, &request);
+	if (request.policy.algorithm == ALGORITHM_CONCURRENCY)
+		lease_peek(&request, &decision);
+	else
+		decision_run(&request, &decision);
 	return decision_to_datum(fcinfo, &decision);
 }
 
