@@ -50,7 +50,7 @@ CREATE TABLE @extschema@.rl_policy (
     fail_mode     text NOT NULL DEFAULT 'closed'
                   CONSTRAINT rl_policy_fail_mode_check CHECK (fail_mode IN ('open', 'closed', 'local')),
     local_share   numeric NOT NULL DEFAULT 1
-                  CONSTRAINT rl_policy_local_share_check CHECK (local_share > 0 AND local_share <= 1),
+                  CONSTRAINT rl_policy_local_share_check CHECK (local_share >= 0.000001 AND local_share <= 1),
     version       integer NOT NULL DEFAULT 0,
     -- A token bucket refills; a concurrency policy holds leases, each living at most
     -- idle_ttl (the backstop for a holder that dies), and has no refill.
@@ -150,7 +150,7 @@ CREATE FUNCTION @extschema@.rl_health(
     OUT local_buckets_in_use integer,
     OUT local_buckets integer,
     OUT shared boolean)
-AS 'MODULE_PATHNAME', 'rl_health' LANGUAGE C VOLATILE PARALLEL SAFE;
+AS 'MODULE_PATHNAME', 'rl_health' LANGUAGE C VOLATILE PARALLEL RESTRICTED;
 
 CREATE FUNCTION @extschema@.rl_reserve(policy text, subject text, cost bigint DEFAULT 1)
 RETURNS @extschema@.rl_decision

@@ -1,6 +1,7 @@
 -- Token bucket: refill pro rata since the last write, then take `cost` tokens if they
 -- are all there (or, by mode, only look, or give tokens back). Runs atomically in
--- Redis, on Redis's clock.
+-- Redis, on Redis's clock. Several buckets in one call (rl_consume_all) are taken all
+-- or none.
 --
 -- Levels are integers in "units": one token is `unit` units and one millisecond adds
 -- `rate` units, so refill needs no fractions. The caller (bucket.c) reduces
@@ -16,16 +17,10 @@
 --          "refund" (give ARGV[4] tokens back, never above capacity)
 -- KEYS[2]  refund only, optional: a key that marks this refund as done, so that a
 --          retried refund credits nothing (it lives as long as the bucket)
--- Returns {allowed (0|1), remaining tokens, retry_after_ms, reset_after_ms}; a refund
--- answers allowed 0 when KEYS[2] showed it was already done.
-
-local key = KEYS[1]
-local capacity = tonumber(ARGV[1])
-local rate = tonumber(ARGV[2])
-local unit = tonumber(ARGV[3])
-local cost = tonumber(ARGV[4]) * unit
-local ttl = tonumber(ARGV[5])
-local mode = ARGV[7] or 'take'
+-- Several buckets ("take" or "peek"): KEYS[i] with ARGV[7i-6 .. 7i-2] as above; now
+-- and mode come from ARGV[6] and ARGV[7]. A bucket named twice is charged twice.
+-- Returns {allowed (0|1), remaining tokens, retry_after_ms, reset_after_ms} per
+-- bucket; a refund answers allowed 0 when KEYS[2] showed it was already done.
 
 -- Largest integer a double holds exactly; sums that could pass it saturate there.
 local EXACT_MAX = 9007199254740991
@@ -42,17 +37,6 @@ local function add(a, b)
     return EXACT_MAX
   end
   return sum
-end
-
-local now
-if ARGV[6] ~= nil and ARGV[6] ~= '' then
-  now = tonumber(ARGV[6])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-if not is_exact(now) then
-  return redis.error_reply('ERR ratelimit clock is not a whole number of ms')
 end
 
 -- Division of doubles can be off by one near an integer: correct it exactly.
@@ -74,66 +58,152 @@ local function ceil_div(a, b)
   return q
 end
 
-local state = redis.call('HMGET', key, 'level', 'time')
-local level, last
-if not state[1] and not state[2] then
-  -- A missing key is a full bucket: the TTL never expires one that is not yet full.
-  level = capacity
-  last = now
+local mode = ARGV[7] or 'take'
+local now
+if ARGV[6] ~= nil and ARGV[6] ~= '' then
+  now = tonumber(ARGV[6])
 else
-  level = tonumber(state[1])
-  last = tonumber(state[2])
-  if not is_exact(level) or not is_exact(last) then
-    return redis.error_reply('ERR ratelimit bucket state is corrupt')
-  end
-  if level > capacity then
-    level = capacity
-  end
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+if not is_exact(now) then
+  return redis.error_reply('ERR ratelimit clock is not a whole number of ms')
 end
 
--- Refill. A clock that steps backwards adds nothing and does not move `last` back,
--- so the same interval is never counted twice.
-if now > last then
-  local elapsed = now - last
-  if elapsed >= ceil_div(capacity - level, rate) then
-    level = capacity
-  else
-    level = level + elapsed * rate
-  end
-  last = now
-end
-
--- After a backwards step, refill resumes only once the clock is past `last` again
--- (and the key must live that much longer).
-local paused = 0
-if last > now then
-  paused = last - now
-end
-
-local allowed = 0
-local retry_after = 0
+-- Each bucket: its parameters, and its state refilled to now.
+local buckets = {}
+-- One bucket takes 5 to 7 arguments; several take 7 each.
+local count = math.max(1, math.floor(#ARGV / 7))
 if mode == 'refund' then
-  if KEYS[2] == nil or redis.call('SET', KEYS[2], '1', 'NX', 'PX', add(ttl, paused)) then
-    level = math.min(capacity, level + cost)
-    allowed = 1
-    redis.call('HSET', key, 'level', level, 'time', last)
-    redis.call('PEXPIRE', key, add(ttl, paused))
+  count = 1
+end
+for i = 1, count do
+  local base = 7 * (i - 1)
+  local b = {
+    key = KEYS[i],
+    capacity = tonumber(ARGV[base + 1]),
+    rate = tonumber(ARGV[base + 2]),
+    unit = tonumber(ARGV[base + 3]),
+    ttl = tonumber(ARGV[base + 5]),
+  }
+  b.cost = tonumber(ARGV[base + 4]) * b.unit
+  local state = redis.call('HMGET', b.key, 'level', 'time')
+  if not state[1] and not state[2] then
+    -- A missing key is a full bucket: the TTL never expires one that is not yet full.
+    b.level = b.capacity
+    b.last = now
+  else
+    b.level = tonumber(state[1])
+    b.last = tonumber(state[2])
+    if not is_exact(b.level) or not is_exact(b.last) then
+      return redis.error_reply('ERR ratelimit bucket state is corrupt')
+    end
+    if b.level > b.capacity then
+      b.level = b.capacity
+    end
   end
-elseif level >= cost then
-  allowed = 1
-  if mode ~= 'peek' then
-    level = level - cost
-    redis.call('HSET', key, 'level', level, 'time', last)
-    redis.call('PEXPIRE', key, add(ttl, paused))
+  -- Refill. A clock that steps backwards adds nothing and does not move `last`
+  -- back, so the same interval is never counted twice.
+  if now > b.last then
+    local elapsed = now - b.last
+    if elapsed >= ceil_div(b.capacity - b.level, b.rate) then
+      b.level = b.capacity
+    else
+      b.level = b.level + elapsed * b.rate
+    end
+    b.last = now
+  end
+  -- After a backwards step, refill resumes only once the clock is past `last`
+  -- again (and the key must live that much longer).
+  b.paused = 0
+  if b.last > now then
+    b.paused = b.last - now
+  end
+  buckets[i] = b
+end
+
+-- A bucket named twice shares one state, so its costs add up.
+local shared = {}
+for i = 1, count do
+  local b = buckets[i]
+  if shared[b.key] then
+    b.level = nil
+    b.same = shared[b.key]
+  else
+    shared[b.key] = b
+  end
+end
+local function state_of(b)
+  return b.same or b
+end
+
+-- Decide: every bucket must hold its cost (charging earlier ones first).
+local all = true
+local decided = {}
+for i = 1, count do
+  local b = buckets[i]
+  local s = state_of(b)
+  if mode == 'refund' then
+    decided[i] = 1
+  elseif s.level >= b.cost then
+    decided[i] = 1
+    s.level = s.level - b.cost
+  else
+    decided[i] = 0
+    all = false
+  end
+end
+
+-- Write: a refund (once per mark), or every take when all were granted.
+if mode == 'refund' then
+  local b = buckets[1]
+  if KEYS[2] == nil or redis.call('SET', KEYS[2], '1', 'NX', 'PX', add(b.ttl, b.paused)) then
+    b.level = math.min(b.capacity, b.level + b.cost)
+    redis.call('HSET', b.key, 'level', b.level, 'time', b.last)
+    redis.call('PEXPIRE', b.key, add(b.ttl, b.paused))
+  else
+    decided[1] = 0
+  end
+elseif not all or mode == 'peek' then
+  -- Nothing is taken: put back what the decision above charged.
+  for i = 1, count do
+    local b = buckets[i]
+    if decided[i] == 1 then
+      local s = state_of(b)
+      s.level = s.level + b.cost
+    end
   end
 else
-  -- A denial takes nothing and writes nothing: the stored state still refills the same.
-  retry_after = add(paused, ceil_div(cost - level, rate))
+  for i = 1, count do
+    local b = buckets[i]
+    if not b.same then
+      redis.call('HSET', b.key, 'level', b.level, 'time', b.last)
+      redis.call('PEXPIRE', b.key, add(b.ttl, b.paused))
+    end
+  end
 end
 
-local reset_after = 0
-if level < capacity then
-  reset_after = add(paused, ceil_div(capacity - level, rate))
+local reply = {}
+for i = 1, count do
+  local b = buckets[i]
+  local s = state_of(b)
+  local allowed = 0
+  local retry_after = 0
+  if mode == 'refund' then
+    allowed = decided[1]
+  elseif all or (mode == 'peek' and decided[i] == 1) then
+    allowed = 1
+  elseif decided[i] == 0 then
+    -- A denial takes nothing and writes nothing: the stored state refills the same.
+    retry_after = add(s.paused, ceil_div(b.cost - s.level, b.rate))
+  end
+  local reset_after = 0
+  if s.level < s.capacity then
+    reset_after = add(s.paused, ceil_div(s.capacity - s.level, s.rate))
+  end
+  reply[4 * i - 3] = allowed
+  reply[4 * i - 2] = floor_div(s.level, s.unit)
+  reply[4 * i - 1] = retry_after
+  reply[4 * i] = reset_after
 end
-
-return {allowed, floor_div(level, unit), retry_after, reset_after}
+return reply

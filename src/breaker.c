@@ -22,6 +22,7 @@
 #include "port/atomics.h"
 #include "storage/shmem.h"
 #include "storage/spin.h"
+#include "utils/guc.h"
 #include "utils/timestamp.h"
 
 #include "breaker.h"
@@ -34,6 +35,13 @@ typedef struct BreakerState
 	TimestampTz since;
 	RedisFailure last_failure;
 } BreakerState;
+
+typedef enum BreakerAttempt
+{
+	BREAKER_CLOSED,				/* Redis answers: try it */
+	BREAKER_PROBE,				/* the breaker is open and this caller probes */
+	BREAKER_SKIP				/* the breaker is open: decide by the fail mode */
+} BreakerAttempt;
 
 static BreakerState *shared_breaker = NULL;
 static BreakerState backend_breaker;
@@ -105,24 +113,25 @@ failure_trips(RedisFailureKind kind)
 		kind == REDIS_FAILURE_CONFIG;
 }
 
-/*
- * A connection lost mid-request says nothing either way (Redis may have
- * restarted, or killed only this client): it neither trips nor closes.
- */
-static bool
-failure_is_evidence(RedisFailureKind kind)
+/* The open_until_us this backend wrote when it claimed the probe; 0: none. */
+static uint64 claimed_probe = 0;
+
+/* A server-wide setting's value in ms (the one a session cannot lower). */
+static int
+server_wide_ms(const char *name, int fallback)
 {
-	return kind != REDIS_FAILURE_IO;
+	const char *value = GetConfigOptionResetString(name);
+
+	return value != NULL ? Max(atoi(value), 1) : fallback;
 }
 
 /*
  * Whether the caller should try Redis: BREAKER_CLOSED (it answers), BREAKER_PROBE
  * (this caller won the one probe), or BREAKER_SKIP.
  */
-BreakerAttempt
-breaker_allows_attempt(void)
+static BreakerAttempt
+breaker_allows_attempt(BreakerState *state)
 {
-	BreakerState *state = breaker_state();
 	uint64		until = pg_atomic_read_u64(&state->open_until_us);
 	int64		now;
 	uint64		probe_until;
@@ -132,56 +141,127 @@ breaker_allows_attempt(void)
 	now = rl_monotonic_us();
 	if ((uint64) now < until)
 		return BREAKER_SKIP;
-	/* Others keep skipping Redis until the probe has had its whole deadline. */
-	probe_until = now + ((int64) rl_connect_timeout_ms + rl_command_timeout_ms) * 1000 + 1;
-	return pg_atomic_compare_exchange_u64(&state->open_until_us, &until, probe_until) ?
-		BREAKER_PROBE : BREAKER_SKIP;
+
+	/*
+	 * Others keep skipping Redis until the probe has had its whole deadline, by
+	 * the server-wide timeouts: a session's own longer ones cannot stretch it.
+	 */
+	probe_until = now + 1 +
+		((int64) Min(rl_connect_timeout_ms, server_wide_ms("ratelimit.connect_timeout", 1000)) +
+		 Min(rl_command_timeout_ms, server_wide_ms("ratelimit.command_timeout", 250))) * 1000;
+	if (pg_atomic_compare_exchange_u64(&state->open_until_us, &until, probe_until))
+	{
+		claimed_probe = probe_until;
+		return BREAKER_PROBE;
+	}
+	/* Someone else probed, or Redis just came back. */
+	return until == 0 ? BREAKER_CLOSED : BREAKER_SKIP;
 }
 
-/*
- * A probe that ended without evidence (cancelled, or its connection was lost)
- * hands the probe on: the next decision may probe at once.
- */
-void
-breaker_release_probe(void)
+/* Hands this backend's unfinished probe on: the next decision may probe at once. */
+static void
+breaker_release_probe(BreakerState *state)
 {
-	BreakerState *state = breaker_state();
-	uint64		until = pg_atomic_read_u64(&state->open_until_us);
+	uint64		claimed = claimed_probe;
 
-	if (until != 0)
-		pg_atomic_compare_exchange_u64(&state->open_until_us, &until,
+	claimed_probe = 0;
+	if (claimed != 0)
+		pg_atomic_compare_exchange_u64(&state->open_until_us, &claimed,
 									   (uint64) rl_monotonic_us());
 }
 
-/* Records the outcome of an attempt (kind NONE for success). */
-void
-breaker_record(const RedisFailure *failure)
+/*
+ * True when the failure says nothing about whether Redis can be reached for
+ * everyone: a connection lost mid-request (Redis may have restarted, or killed
+ * only this client), this backend's own trouble (no file descriptor left, a
+ * name it could not resolve), or a timeout shorter than the server-wide one,
+ * which a session may choose but must not impose on others.
+ */
+static bool
+failure_is_local(BreakerState *state, const RedisFailure *failure)
 {
-	BreakerState *state = breaker_state();
-	bool		evidence = failure_is_evidence(failure->kind);
+	if (failure->kind == REDIS_FAILURE_IO || failure->backend_only)
+		return true;
+	if (failure->kind == REDIS_FAILURE_TIMEOUT && state == shared_breaker)
+		return rl_command_timeout_ms < server_wide_ms("ratelimit.command_timeout", 250) ||
+			rl_connect_timeout_ms < server_wide_ms("ratelimit.connect_timeout", 1000);
+	return false;
+}
+
+/* Records the outcome of an attempt (kind NONE for success). */
+static void
+breaker_record(BreakerState *state, const RedisFailure *failure)
+{
 	bool		reachable = !failure_trips(failure->kind);
 
+	if (failure_is_local(state, failure))
+	{
+		breaker_release_probe(state);
+		return;
+	}
+	claimed_probe = 0;
 	/* Any answer, even an error reply, shows Redis is there: the breaker closes. */
-	if (evidence && reachable)
+	if (reachable)
 	{
 		if (pg_atomic_read_u64(&state->open_until_us) != 0)
 			pg_atomic_write_u64(&state->open_until_us, 0);
+		/* The common case changes nothing more: no lock on the hot path. */
+		if (failure->kind == REDIS_FAILURE_NONE && state->reachable && state->since != 0)
+			return;
 	}
-	else if (evidence)
+	else
 		pg_atomic_write_u64(&state->open_until_us,
 							rl_monotonic_us() + (int64) rl_retry_interval_ms * 1000);
-	else
-		breaker_release_probe();
 
-	SpinLockAcquire(&state->mutex);
-	if (evidence && (state->reachable != reachable || state->since == 0))
 	{
-		state->reachable = reachable;
-		state->since = GetCurrentTimestamp();
+		TimestampTz now = GetCurrentTimestamp();
+
+		SpinLockAcquire(&state->mutex);
+		if (state->reachable != reachable || state->since == 0)
+		{
+			state->reachable = reachable;
+			state->since = now;
+		}
+		if (failure->kind != REDIS_FAILURE_NONE)
+			state->last_failure = *failure;
+		SpinLockRelease(&state->mutex);
 	}
-	if (failure->kind != REDIS_FAILURE_NONE)
-		state->last_failure = *failure;
-	SpinLockRelease(&state->mutex);
+}
+
+/*
+ * Runs attempt (one Redis call) unless the breaker says to skip Redis, and
+ * records its outcome. Returns what attempt returned, or false with failure
+ * kind NONE when Redis was skipped. A probe cut short by an error (a cancel)
+ * is handed on, so that it cannot keep Redis skipped for its whole deadline.
+ */
+bool
+breaker_call(bool (*attempt) (void *arg, RedisFailure *failure), void *arg,
+			 RedisFailure *failure)
+{
+	BreakerState *state = breaker_state();
+	BreakerAttempt allowed = breaker_allows_attempt(state);
+	bool		answered;
+
+	memset(failure, 0, sizeof(*failure));
+	if (allowed == BREAKER_SKIP)
+		return false;
+	if (allowed == BREAKER_PROBE)
+	{
+		PG_TRY();
+		{
+			answered = attempt(arg, failure);
+		}
+		PG_CATCH();
+		{
+			breaker_release_probe(state);
+			PG_RE_THROW();
+		}
+		PG_END_TRY();
+	}
+	else
+		answered = attempt(arg, failure);
+	breaker_record(state, failure);
+	return answered;
 }
 
 /* The failure that keeps the breaker open, for a decision that skipped Redis. */

@@ -23,16 +23,8 @@ typedef struct BreakerHealth
 extern Size breaker_shmem_size(void);
 extern void breaker_shmem_init(void);
 extern void breaker_url_changed(bool server_wide);
-typedef enum BreakerAttempt
-{
-	BREAKER_CLOSED,				/* Redis answers: try it */
-	BREAKER_PROBE,				/* the breaker is open and this caller probes */
-	BREAKER_SKIP				/* the breaker is open: decide by the fail mode */
-} BreakerAttempt;
-
-extern BreakerAttempt breaker_allows_attempt(void);
-extern void breaker_release_probe(void);
-extern void breaker_record(const RedisFailure *failure);
+extern bool breaker_call(bool (*attempt) (void *arg, RedisFailure *failure), void *arg,
+						 RedisFailure *failure);
 extern void breaker_current_failure(RedisFailure *failure);
 extern int64 breaker_retry_after_ms(void);
 extern void breaker_health(BreakerHealth *health);

@@ -39,8 +39,11 @@ static RedisFailure logged_failure;
  * or subject: the statement (which may hold the subject) is kept out of the line.
  */
 void
-log_redis_health(const Policy *policy, const RedisFailure *failure)
+log_redis_health(const Policy *policy, bool answered, const RedisFailure *failure)
 {
+	/* A call the breaker skipped says nothing new. */
+	if (!answered && failure->kind == REDIS_FAILURE_NONE)
+		return;
 	if (failure->kind == logged_failure.kind &&
 		strcmp(failure->detail, logged_failure.detail) == 0)
 		return;
@@ -133,10 +136,19 @@ decide_by_fail_mode(const DecisionRequest *request, Decision *decision)
 	decision->source = DECISION_SOURCE_FAIL_CLOSED;
 }
 
+/* A request and the decision it fills, for breaker_call. */
+typedef struct RedisAsk
+{
+	const DecisionRequest *request;
+	Decision   *decision;
+} RedisAsk;
+
 /* Asks Redis; true with decision filled when it answered, else failure says why. */
 static bool
-decide_by_redis(const DecisionRequest *request, Decision *decision, RedisFailure *failure)
+decide_by_redis(void *arg, RedisFailure *failure)
 {
+	const DecisionRequest *request = ((RedisAsk *) arg)->request;
+	Decision   *decision = ((RedisAsk *) arg)->decision;
 	const Policy *policy = &request->policy;
 	StringInfoData key;
 	StringInfoData refund_key;
@@ -147,7 +159,10 @@ decide_by_redis(const DecisionRequest *request, Decision *decision, RedisFailure
 	bool		answered;
 
 	initStringInfo(&key);
-	subject_build_key(&key, policy, request->subject, request->length);
+	if (request->key != NULL)
+		appendStringInfoString(&key, request->key);
+	else
+		subject_build_key(&key, policy, request->subject, request->length);
 	keys[0] = key.data;
 	snprintf(numbers[0], sizeof(numbers[0]), INT64_FORMAT, policy->bucket.capacity_units);
 	snprintf(numbers[1], sizeof(numbers[1]), INT64_FORMAT, policy->bucket.rate);
@@ -157,6 +172,7 @@ decide_by_redis(const DecisionRequest *request, Decision *decision, RedisFailure
 	for (int i = 0; i < 5; i++)
 		args[i] = numbers[i];
 	args[5] = rl_test_clock_ms ? rl_test_clock_ms : "";
+	/* A take leaves the mode out: an unauthenticated Redis refuses over 10 arguments. */
 	args[6] = request->mode == BUCKET_PEEK ? "peek" :
 		request->mode == BUCKET_REFUND ? "refund" : "take";
 
@@ -169,7 +185,7 @@ decide_by_redis(const DecisionRequest *request, Decision *decision, RedisFailure
 	}
 
 	answered = redis_run_script(&token_bucket_script, request->refund_id ? 2 : 1, keys,
-								7, args, results, 4, failure);
+								request->mode == BUCKET_TAKE ? 6 : 7, args, results, 4, failure);
 	pfree(key.data);
 	pfree(refund_key.data);
 	if (answered && (results[1] < 0 || results[2] < 0 || results[3] < 0))
@@ -198,60 +214,31 @@ decide_by_redis(const DecisionRequest *request, Decision *decision, RedisFailure
 void
 decision_request_init(FunctionCallInfo fcinfo, BucketMode mode, DecisionRequest *request)
 {
-	const char *amount_name = mode == BUCKET_REFUND ? "amount" : "cost";
-	int			nargs = PG_NARGS();
-	const Policy *policy;
-
-	if (nargs > 2 && PG_ARGISNULL(2) && !PG_ARGISNULL(0) && !PG_ARGISNULL(1))
+	if (PG_NARGS() > 2 && PG_ARGISNULL(2) && !PG_ARGISNULL(0) && !PG_ARGISNULL(1))
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must not be null", amount_name)));
-	policy = decision_policy_subject(fcinfo, request);
-	if (policy->algorithm != ALGORITHM_TOKEN_BUCKET && mode != BUCKET_PEEK)
-		ereport(ERROR,
-				(errhidestmt(true),
-				 errcode(ERRCODE_WRONG_OBJECT_TYPE),
-				 errmsg("rate limit policy \"%s\" is a concurrency policy", policy->name),
-				 errhint("Take its leases with rl_acquire and give them back with rl_release.")));
-	request->mode = mode;
-	request->cost = nargs > 2 ? PG_GETARG_INT64(2) : 1;
-	if (mode == BUCKET_REFUND && request->cost > 0)
-		request->cost = Min(request->cost, policy->bucket.capacity);
-	if (request->cost <= 0 || request->cost > policy->bucket.capacity)
-		ereport(ERROR,
-				(errhidestmt(true),
-				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("%s must be between 1 and the capacity of policy \"%s\" (" INT64_FORMAT ")",
-						amount_name, policy->name, policy->bucket.capacity),
-				 errdetail("The %s was " INT64_FORMAT ".", amount_name, PG_GETARG_INT64(2))));
+				 errmsg("%s must not be null", mode == BUCKET_REFUND ? "amount" : "cost")));
+	decision_policy_subject(fcinfo, request);
+	decision_request_cost(request, mode, PG_NARGS() > 2 ? PG_GETARG_INT64(2) : 1);
 }
 
 /*
- * Checks the (policy, subject) arguments of fcinfo into request (the rest of
- * it zeroed) and returns the cached policy: the contract's errors for NULLs,
- * an unknown or unusable policy, and a bad subject.
+ * Checks a policy name and a subject into request (the rest of it zeroed) and
+ * returns the cached policy: the contract's errors for an unknown or unusable
+ * policy and a bad subject. function_oid is the calling SQL function.
  */
 const Policy *
-decision_policy_subject(FunctionCallInfo fcinfo, DecisionRequest *request)
+decision_request_check(Oid function_oid, const char *name, const char *subject,
+					   int length, DecisionRequest *request)
 {
-	text	   *subject;
-	char	   *name;
-	const Policy *policy;
+	const Policy *policy = policy_lookup(function_oid, name);
 
-	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
-		ereport(ERROR,
-				(errhidestmt(true),
-				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must not be null", PG_ARGISNULL(0) ? "policy" : "subject")));
-	name = text_to_cstring(PG_GETARG_TEXT_PP(0));
-	policy = policy_lookup(fcinfo->flinfo->fn_oid, name);
 	if (policy == NULL)
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("rate limit policy \"%s\" does not exist", name)));
-	pfree(name);
 	if (!policy->usable)
 		ereport(ERROR,
 				(errhidestmt(true),
@@ -259,14 +246,58 @@ decision_policy_subject(FunctionCallInfo fcinfo, DecisionRequest *request)
 				 errmsg("rate limit policy \"%s\" is outside the supported bounds", policy->name),
 				 errdetail("With g = gcd(refill_amount, refill_period in ms), capacity * period_ms / g + refill_amount / g must stay below 2^53."),
 				 errhint("Restore the table's constraints and correct the policy.")));
-
+	subject_check(subject, length);
 	memset(request, 0, sizeof(*request));
 	request->policy = *policy;	/* a copy: the cache may be reloaded later */
-	subject = PG_GETARG_TEXT_PP(1);
-	request->subject = VARDATA_ANY(subject);
-	request->length = VARSIZE_ANY_EXHDR(subject);
-	subject_check(request->subject, request->length);
+	request->subject = subject;
+	request->length = length;
 	return policy;
+}
+
+/*
+ * Sets a checked request's mode and cost (a refund's amount): token buckets
+ * only, except for a peek, and a cost between 1 and the capacity (a refund's
+ * amount is capped at the capacity instead).
+ */
+void
+decision_request_cost(DecisionRequest *request, BucketMode mode, int64 cost)
+{
+	const Policy *policy = &request->policy;
+	const char *amount_name = mode == BUCKET_REFUND ? "amount" : "cost";
+
+	if (policy->algorithm != ALGORITHM_TOKEN_BUCKET && mode != BUCKET_PEEK)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_WRONG_OBJECT_TYPE),
+				 errmsg("rate limit policy \"%s\" is a concurrency policy", policy->name),
+				 errhint("Take its leases with rl_acquire and give them back with rl_release.")));
+	if (mode == BUCKET_REFUND && cost > policy->bucket.capacity)
+		cost = policy->bucket.capacity;
+	if (cost <= 0 || cost > policy->bucket.capacity)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be between 1 and the capacity of policy \"%s\" (" INT64_FORMAT ")",
+						amount_name, policy->name, policy->bucket.capacity),
+				 errdetail("The %s was " INT64_FORMAT ".", amount_name, cost)));
+	request->mode = mode;
+	request->cost = cost;
+}
+
+/* Checks the (policy, subject) arguments of fcinfo into request; see decision_request_check. */
+const Policy *
+decision_policy_subject(FunctionCallInfo fcinfo, DecisionRequest *request)
+{
+	text	   *subject;
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", PG_ARGISNULL(0) ? "policy" : "subject")));
+	subject = PG_GETARG_TEXT_PP(1);
+	return decision_request_check(fcinfo->flinfo->fn_oid, text_to_cstring(PG_GETARG_TEXT_PP(0)),
+								  VARDATA_ANY(subject), VARSIZE_ANY_EXHDR(subject), request);
 }
 
 /* Runs a checked request: Redis while it answers, else the policy's fail mode. */
@@ -274,7 +305,9 @@ void
 decision_run(const DecisionRequest *request, Decision *decision)
 {
 	const Policy *policy = &request->policy;
-	BreakerAttempt attempt;
+	RedisAsk	ask = {.request = request,.decision = decision};
+	RedisFailure failure;
+	bool		answered;
 
 	memset(decision, 0, sizeof(*decision));
 	strlcpy(decision->policy, policy->name, sizeof(decision->policy));
@@ -282,58 +315,41 @@ decision_run(const DecisionRequest *request, Decision *decision)
 	decision->capacity = policy->bucket.capacity;
 
 	/* While the breaker is open, Redis is not asked at all. */
-	attempt = breaker_allows_attempt();
-	if (attempt != BREAKER_SKIP)
-	{
-		RedisFailure failure;
-		bool		answered;
-
-		if (attempt == BREAKER_PROBE)
-		{
-			/* A probe cut short by a cancel must not keep Redis skipped for its deadline. */
-			PG_TRY();
-			{
-				answered = decide_by_redis(request, decision, &failure);
-			}
-			PG_CATCH();
-			{
-				breaker_release_probe();
-				PG_RE_THROW();
-			}
-			PG_END_TRY();
-		}
-		else
-			answered = decide_by_redis(request, decision, &failure);
-		breaker_record(&failure);
-		log_redis_health(policy, &failure);
-		if (answered)
-			return;
-	}
-	decide_by_fail_mode(request, decision);
+	answered = breaker_call(decide_by_redis, &ask, &failure);
+	log_redis_health(policy, answered, &failure);
+	if (!answered)
+		decide_by_fail_mode(request, decision);
 }
 
 /*
- * Forgets the request's bucket in Redis (a full bucket again). Returns false
- * when Redis could not answer; the local bucket, if any, is left alone.
+ * Forgets the request's bucket in Redis (a full bucket again): decision_reset
+ * answers false when Redis could not answer; the local bucket, if any, is left
+ * alone.
  */
-bool
-decision_reset(const DecisionRequest *request)
+static bool
+reset_in_redis(void *arg, RedisFailure *failure)
 {
+	const DecisionRequest *request = arg;
 	StringInfoData key;
 	const char *keys[1];
 	long long	deleted;
-	RedisFailure failure;
-	bool		answered = false;
+	bool		answered;
 
-	if (breaker_allows_attempt() == BREAKER_SKIP)
-		return false;
 	initStringInfo(&key);
 	subject_build_key(&key, &request->policy, request->subject, request->length);
 	keys[0] = key.data;
-	answered = redis_run_script(&reset_script, 1, keys, 0, NULL, &deleted, 1, &failure);
-	breaker_record(&failure);
-	log_redis_health(&request->policy, &failure);
+	answered = redis_run_script(&reset_script, 1, keys, 0, NULL, &deleted, 1, failure);
 	pfree(key.data);
+	return answered;
+}
+
+bool
+decision_reset(const DecisionRequest *request)
+{
+	RedisFailure failure;
+	bool		answered = breaker_call(reset_in_redis, (void *) request, &failure);
+
+	log_redis_health(&request->policy, answered, &failure);
 	return answered;
 }
 

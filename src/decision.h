@@ -41,12 +41,17 @@ typedef struct DecisionRequest
 	int64		cost;			/* a refund's amount */
 	BucketMode	mode;
 	const char *refund_id;		/* refunds: done once per id, when set */
+	const char *key;			/* the Redis key, when fixed in advance; else built */
 } DecisionRequest;
 
 extern void decision_request_init(FunctionCallInfo fcinfo, BucketMode mode,
 								  DecisionRequest *request);
+extern const Policy *decision_request_check(Oid function_oid, const char *name,
+											const char *subject, int length,
+											DecisionRequest *request);
+extern void decision_request_cost(DecisionRequest *request, BucketMode mode, int64 cost);
 extern const Policy *decision_policy_subject(FunctionCallInfo fcinfo, DecisionRequest *request);
-extern void log_redis_health(const Policy *policy, const RedisFailure *failure);
+extern void log_redis_health(const Policy *policy, bool answered, const RedisFailure *failure);
 extern int64 decision_now_ms(void);
 extern void decision_run(const DecisionRequest *request, Decision *decision);
 extern void decision_refund_local(const DecisionRequest *request);

@@ -49,40 +49,44 @@ static List *leases = NIL;
 static MemoryContext lease_context = NULL;
 static uint64 lease_counter = 0;
 
-/*
- * Runs the concurrency script on key in mode ("acquire", "release", "peek").
- * True with decision filled when Redis answered.
- */
-static bool
-lease_call(const Policy *policy, const char *key, const char *id, const char *mode,
-		   Decision *decision)
+/* One call of the concurrency script, for breaker_call. */
+typedef struct LeaseCall
 {
-	RedisFailure failure;
+	const Policy *policy;
+	const char *key;
+	const char *id;
+	const char *mode;			/* "acquire", "release" or "peek" */
+	Decision   *decision;
+} LeaseCall;
+
+/* Runs the concurrency script; true with the decision filled when Redis answered. */
+static bool
+lease_call_redis(void *arg, RedisFailure *failure)
+{
+	LeaseCall  *call = arg;
+	const Policy *policy = call->policy;
+	Decision   *decision = call->decision;
 	char		capacity[24];
 	char		ttl[24];
-	const char *keys[1] = {key};
+	const char *keys[1] = {call->key};
 	const char *args[5];
 	long long	results[4];
 	bool		answered;
 
-	if (breaker_allows_attempt() == BREAKER_SKIP)
-		return false;
 	snprintf(capacity, sizeof(capacity), INT64_FORMAT, policy->bucket.capacity);
 	snprintf(ttl, sizeof(ttl), INT64_FORMAT, policy->bucket.ttl_ms);
 	args[0] = capacity;
 	args[1] = ttl;
-	args[2] = id;
+	args[2] = call->id;
 	args[3] = rl_test_clock_ms ? rl_test_clock_ms : "";
-	args[4] = mode;
-	answered = redis_run_script(&concurrency_script, 1, keys, 5, args, results, 4, &failure);
+	args[4] = call->mode;
+	answered = redis_run_script(&concurrency_script, 1, keys, 5, args, results, 4, failure);
 	if (answered && (results[1] < 0 || results[2] < 0 || results[3] < 0))
 	{
-		failure.kind = REDIS_FAILURE_PROTOCOL;
-		strlcpy(failure.detail, "unexpected reply", sizeof(failure.detail));
+		failure->kind = REDIS_FAILURE_PROTOCOL;
+		strlcpy(failure->detail, "unexpected reply", sizeof(failure->detail));
 		answered = false;
 	}
-	breaker_record(&failure);
-	log_redis_health(policy, &failure);
 	if (answered)
 	{
 		decision->allowed = results[0] == 1;
@@ -91,6 +95,22 @@ lease_call(const Policy *policy, const char *key, const char *id, const char *mo
 		decision->reset_after_ms = results[3];
 		decision->source = DECISION_SOURCE_REDIS;
 	}
+	return answered;
+}
+
+/*
+ * Runs the concurrency script on key in mode, unless the breaker skips Redis.
+ * True with decision filled when Redis answered.
+ */
+static bool
+lease_call(const Policy *policy, const char *key, const char *id, const char *mode,
+		   Decision *decision)
+{
+	LeaseCall	call = {.policy = policy,.key = key,.id = id,.mode = mode,.decision = decision};
+	RedisFailure failure;
+	bool		answered = breaker_call(lease_call_redis, &call, &failure);
+
+	log_redis_health(policy, answered, &failure);
 	return answered;
 }
 

@@ -113,6 +113,28 @@ slot_claim(LocalSlot *slot, uint64 key, const BucketParams *params, int64 now_ms
 }
 
 /*
+ * The policy's local bucket changed (capacity or local_share): keep the whole
+ * tokens the old bucket held at now_ms, at most the new capacity, so that a
+ * change never hands out a fresh full bucket.
+ */
+static void
+slot_convert(LocalSlot *slot, const BucketParams *params, int64 now_ms)
+{
+	BucketParams old = *params;
+	BucketResult held;
+
+	old.unit = slot->unit;
+	old.rate = slot->rate;
+	old.capacity_units = slot->capacity_units;
+	bucket_apply(&old, &slot->state, now_ms, 0, BUCKET_PEEK, &held);
+	slot->unit = params->unit;
+	slot->rate = params->rate;
+	slot->capacity_units = params->capacity_units;
+	slot->state.level = Min(held.remaining, params->capacity) * params->unit;
+	slot->state.last_ms = Max(slot->state.last_ms, now_ms);
+}
+
+/*
  * Decides from the local bucket of key (a hash of database, policy, version
  * and subject; never 0), in mode (take, peek or refund). Cost must not exceed
  * params->capacity.
@@ -166,7 +188,7 @@ local_apply(const BucketParams *params, uint64 key, int64 now_ms, int64 cost,
 	}
 
 	if (chosen != NULL && !slot_matches(chosen, params))
-		slot_claim(chosen, key, params, now_ms);	/* the policy changed: a new bucket */
+		slot_convert(chosen, params, now_ms);
 	else if (chosen == NULL && empty != NULL)
 	{
 		chosen = empty;

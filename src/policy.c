@@ -207,8 +207,10 @@ policy_cache_load(Oid relid)
 		 * and refills local_share as fast, by a period stretched and rounded up:
 		 * rounding never gives more than the share.
 		 */
-		share = DatumGetFloat8(DirectFunctionCall1(numeric_float8, values[local_share_col]));
-		policy->local_usable = share > 0 && share <= 1 &&
+		share = DatumGetFloat8(DirectFunctionCall1(numeric_float8_no_overflow,
+												   values[local_share_col]));
+		policy->local_usable = share >= 0.000001 && share <= 1 &&
+			period_ms / share < (double) BUCKET_EXACT_LIMIT &&
 			bucket_params_init(&policy->local_bucket,
 							   Max((int64) floor(capacity * share), 1), refill_amount,
 							   (int64) ceil(period_ms / share), 0);

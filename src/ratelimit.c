@@ -43,20 +43,9 @@ check_redis_url(char **newval, void **extra, GucSource source)
 {
 	RedisUrl	url;
 	const char *problem;
-	/* guc.c frees an extra with free(): it must come from malloc (guc_malloc is 16+). */
-	GucSource  *where = malloc(sizeof(GucSource));
+	GucSource  *where;
 
-	/* The value carries where it was set from, for assign_redis_url. */
-	if (where == NULL)
-	{
-		GUC_check_errcode(ERRCODE_OUT_OF_MEMORY);
-		return false;
-	}
-	*where = source;
-	*extra = where;
-	if (*newval == NULL || (*newval)[0] == '\0')
-		return true;
-	if (!redis_url_parse(*newval, &url, &problem))
+	if (*newval != NULL && (*newval)[0] != '\0' && !redis_url_parse(*newval, &url, &problem))
 	{
 		/* Never echo the value: it may hold a password. */
 		GUC_check_errmsg("invalid value for parameter \"ratelimit.redis_url\"");
@@ -64,6 +53,19 @@ check_redis_url(char **newval, void **extra, GucSource source)
 		GUC_check_errhint("Use redis://[user[:password]@]host[:port][/db] or unix://[user[:password]@]/path/to/socket[?db=N].");
 		return false;
 	}
+
+	/*
+	 * The value carries where it was set from, for assign_redis_url. guc.c
+	 * frees an extra with free(), so it comes from malloc (guc_malloc is 16+).
+	 */
+	where = malloc(sizeof(GucSource));
+	if (where == NULL)
+	{
+		GUC_check_errcode(ERRCODE_OUT_OF_MEMORY);
+		return false;
+	}
+	*where = source;
+	*extra = where;
 	return true;
 }
 

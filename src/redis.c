@@ -114,12 +114,16 @@ fail(RedisFailure *failure, RedisFailureKind kind, const char *detail)
 	return false;
 }
 
-/* Like fail(), and closes the connection, whose state is now unknown. */
+/*
+ * Like fail(), and closes the connection, whose state is now unknown. The
+ * resolved address goes too: after a failover the name may point elsewhere.
+ */
 static bool
 fail_and_disconnect(RedisFailure *failure, RedisFailureKind kind, const char *detail)
 {
 	fail(failure, kind, detail);
 	redis_disconnect();
+	redis_forget_address();
 	return false;
 }
 
@@ -281,10 +285,16 @@ redis_connect(RedisFailure *failure)
 	{
 		address = redis_address(url.host);
 		if (address == NULL)
+		{
+			failure->backend_only = true;
 			return fail(failure, REDIS_FAILURE_CONNECT, "host name does not resolve");
+		}
 	}
 	if (!AcquireExternalFD())
+	{
+		failure->backend_only = true;
 		return fail(failure, REDIS_FAILURE_CONNECT, "too many open files");
+	}
 	context = url.is_unix ? redisConnectUnixNonBlock(url.path) :
 		redisConnectNonBlock(address, url.port);
 	if (context == NULL || context->err)
@@ -409,8 +419,7 @@ redis_run_script(RedisScript *script, int nkeys, const char *const *keys,
 	redisReply *reply;
 
 	Assert(nresults > 0 && nkeys > 0);
-	failure->kind = REDIS_FAILURE_NONE;
-	failure->detail[0] = '\0';
+	memset(failure, 0, sizeof(*failure));
 	redis_script_prepare(script);
 
 	/* A cut-off request, or a changed URL, means this connection is not to be used. */

@@ -22,6 +22,8 @@ typedef struct RedisFailure
 	RedisFailureKind kind;
 	/* A short class to log: never a key or a subject. */
 	char		detail[64];
+	/* This backend's own trouble (no file descriptor, a name it cannot resolve). */
+	bool		backend_only;
 } RedisFailure;
 
 /* A script and its SHA1, computed on first use. */

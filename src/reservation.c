@@ -25,6 +25,7 @@
 
 #include "decision.h"
 #include "reservation.h"
+#include "subject.h"
 
 typedef struct Reservation
 {
@@ -49,6 +50,14 @@ reservation_remember(const DecisionRequest *request, DecisionSource source)
 	reservation->request = *request;
 	reservation->request.subject = subject;
 	reservation->request.mode = BUCKET_REFUND;
+	/* The bucket it came from, whatever the settings say at rollback time. */
+	{
+		StringInfoData key;
+
+		initStringInfo(&key);
+		subject_build_key(&key, &request->policy, request->subject, request->length);
+		reservation->request.key = key.data;
+	}
 	reservation->request.refund_id = psprintf("%d.%ld.%llu", MyProcPid, (long) MyStartTime,
 											  (unsigned long long) ++reservation_counter);
 	reservation->source = source;
@@ -76,7 +85,7 @@ reservation_refund(Reservation *reservation)
 				ereport(LOG,
 						(errhidestmt(true),
 						 errhidecontext(true),
-						 errmsg("ratelimit: a reservation of policy \"%s\" was not refunded: Redis cannot answer",
+						 errmsg("ratelimit: a reservation of policy \"%s\" may not have been refunded: Redis did not answer",
 								policy)));
 		}
 	}
@@ -87,7 +96,7 @@ reservation_refund(Reservation *reservation)
 		ereport(LOG,
 				(errhidestmt(true),
 				 errhidecontext(true),
-				 errmsg("ratelimit: a reservation of policy \"%s\" was not refunded", policy)));
+				 errmsg("ratelimit: a reservation of policy \"%s\" may not have been refunded", policy)));
 	}
 	PG_END_TRY();
 }
