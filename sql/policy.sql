@@ -33,6 +33,17 @@ SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refi
 SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('p.day', 104249991, 1, '1 day')$$);
 SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('p.max', 9223372036854775807, 9223372036854775807, '1 ms')$$);
 SELECT expect_error($$UPDATE rl_policy SET capacity = 0 WHERE name = 'reports.export'$$);
+-- Concurrency policies: capacity leases, each living at most idle_ttl; no refill.
+SELECT expect_error($$INSERT INTO rl_policy (name, algorithm, capacity, idle_ttl) VALUES ('p.lease', 'concurrency', 3, '5 min')$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, algorithm, capacity) VALUES ('p.lease2', 'concurrency', 3)$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, algorithm, capacity, refill_amount, refill_period, idle_ttl) VALUES ('p.lease3', 'concurrency', 3, 1, '1 s', '5 min')$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, algorithm, capacity, idle_ttl) VALUES ('p.lease4', 'concurrency', 3, '1.5 ms')$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, idle_ttl) VALUES ('p.norefill', 3, 1, '5 min')$$);
+-- local_share: (0, 1], and not vanishingly small.
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, local_share) VALUES ('p.share', 1, 1, '1 s', 0)$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, local_share) VALUES ('p.share', 1, 1, '1 s', 1.5)$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, local_share) VALUES ('p.share', 1, 1, '1 s', 1e-400)$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, local_share) VALUES ('p.share', 1, 1, '1 s', 0.25)$$);
 DELETE FROM rl_policy WHERE name LIKE 'p.%' OR name = repeat('a', 63);
 
 -- version: new on insert, new when the meaning of stored state changes, kept otherwise.
