@@ -5,7 +5,7 @@ MODULE_big = ratelimit
 DATA = $(wildcard ratelimit--*.sql)
 OBJS = src/ratelimit.o src/decision.o src/policy.o src/subject.o \
        src/bucket.o src/breaker.o src/local.o src/redis.o src/redis_url.o \
-       src/reservation.o src/lease.o
+       src/reservation.o src/lease.o src/multi.o src/trigger.o
 SHLIB_LINK = -lhiredis
 PG_CPPFLAGS = -I$(srcdir)/src
 PG_CFLAGS = -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers

@@ -176,6 +176,17 @@ CREATE FUNCTION @extschema@.rl_release(policy text, subject text)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'rl_release' LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
+CREATE FUNCTION @extschema@.rl_consume_all(policies text[], subjects text[], costs bigint[] DEFAULT NULL)
+RETURNS SETOF @extschema@.rl_decision
+AS 'MODULE_PATHNAME', 'rl_consume_all' LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 2;
+
+CREATE FUNCTION @extschema@.rl_limit_trigger() RETURNS trigger
+AS 'MODULE_PATHNAME', 'rl_limit_trigger' LANGUAGE C;
+
+COMMENT ON FUNCTION @extschema@.rl_limit_trigger() IS
+    'trigger: charge a policy per row written (or once per subject for a statement), raise when denied';
+COMMENT ON FUNCTION @extschema@.rl_consume_all(text[], text[], bigint[]) IS
+    'several checks in one atomic step: all granted or none charged; subjects share a hash tag';
 COMMENT ON FUNCTION @extschema@.rl_acquire(text, text, text) IS
     'take one lease of a concurrency policy, released when the transaction (or session) ends';
 COMMENT ON FUNCTION @extschema@.rl_release(text, text) IS
@@ -202,6 +213,8 @@ REVOKE ALL ON FUNCTION @extschema@.rl_peek(text, text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.rl_refund(text, text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.rl_reset(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.rl_acquire(text, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.rl_consume_all(text[], text[], bigint[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.rl_limit_trigger() FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.rl_release(text, text) FROM PUBLIC;
 REVOKE ALL ON @extschema@.rl_policy FROM PUBLIC;
 REVOKE ALL ON SEQUENCE @extschema@.rl_policy_version_seq FROM PUBLIC;

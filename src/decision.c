@@ -21,7 +21,7 @@
 #include "scripts.h"
 #include "subject.h"
 
-static RedisScript token_bucket_script = {
+RedisScript token_bucket_script = {
 	.name = "token_bucket",
 	.body = script_token_bucket,
 };
@@ -99,6 +99,27 @@ decision_from_bucket(Decision *decision, const BucketResult *result, DecisionSou
 	decision->source = source;
 }
 
+/* True when the policy's local bucket can decide this request while Redis cannot. */
+bool
+decision_local_possible(const DecisionRequest *request)
+{
+	const Policy *policy = &request->policy;
+
+	return policy->fail_mode == FAIL_MODE_LOCAL && local_available() &&
+		policy->local_usable && request->cost <= policy->local_bucket.capacity;
+}
+
+/* Applies request to its local bucket in mode. */
+void
+decision_local(const DecisionRequest *request, BucketMode mode, Decision *decision)
+{
+	BucketResult result;
+
+	local_apply(&request->policy.local_bucket, local_key(request), decision_now_ms(),
+				Min(request->cost, request->policy.local_bucket.capacity), mode, &result);
+	decision_from_bucket(decision, &result, DECISION_SOURCE_LOCAL);
+}
+
 /* Fills decision from the policy's fail mode, for when Redis could not decide. */
 static void
 decide_by_fail_mode(const DecisionRequest *request, Decision *decision)
@@ -119,14 +140,9 @@ decide_by_fail_mode(const DecisionRequest *request, Decision *decision)
 		decision->source = DECISION_SOURCE_FAIL_OPEN;
 		return;
 	}
-	if (policy->fail_mode == FAIL_MODE_LOCAL && local_available() &&
-		policy->local_usable && request->cost <= policy->local_bucket.capacity)
+	if (decision_local_possible(request))
 	{
-		BucketResult result;
-
-		local_apply(&policy->local_bucket, local_key(request), decision_now_ms(),
-					request->cost, request->mode, &result);
-		decision_from_bucket(decision, &result, DECISION_SOURCE_LOCAL);
+		decision_local(request, request->mode, decision);
 		return;
 	}
 	/* 'closed', and 'local' where no local bucket can decide (no preload, cost too high). */
@@ -357,13 +373,10 @@ decision_reset(const DecisionRequest *request)
 void
 decision_refund_local(const DecisionRequest *request)
 {
-	BucketResult result;
+	Decision	decision;
 
-	Assert(request->mode == BUCKET_REFUND);
 	if (local_available() && request->policy.local_usable)
-		local_apply(&request->policy.local_bucket, local_key(request), decision_now_ms(),
-					Min(request->cost, request->policy.local_bucket.capacity),
-					BUCKET_REFUND, &result);
+		decision_local(request, BUCKET_REFUND, &decision);
 }
 
 /* Decides the (policy, subject, cost) arguments of fcinfo in mode. */
@@ -374,6 +387,41 @@ decision_make(FunctionCallInfo fcinfo, BucketMode mode, Decision *decision)
 
 	decision_request_init(fcinfo, mode, &request);
 	decision_run(&request, decision);
+}
+
+/* The DETAIL of a denial: the retry-after in whole seconds, rounded up (for Retry-After). */
+static int
+retry_after_detail(const Decision *decision)
+{
+	int64		seconds = (decision->retry_after_ms + 999) / 1000;
+
+	return errdetail_plural("Retry after " INT64_FORMAT " second.",
+							"Retry after " INT64_FORMAT " seconds.",
+							(unsigned long) seconds, seconds);
+}
+
+/*
+ * Raises rl_enforce's error for a denial: RL503 when Redis could not answer
+ * and the policy fails closed, RL429 for a quota denial. Nothing for a grant.
+ */
+void
+decision_enforce(const Decision *decision)
+{
+	if (!decision->allowed && decision->source == DECISION_SOURCE_FAIL_CLOSED)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_RL_UNAVAILABLE),
+				 errmsg("rate limiter unavailable for policy \"%s\"", decision->policy),
+				 retry_after_detail(decision),
+				 errhint("Redis did not answer and the policy fails closed.")));
+	if (!decision->allowed)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_RL_RATE_LIMIT_EXCEEDED),
+				 errmsg("rate limit exceeded for policy \"%s\"", decision->policy),
+				 retry_after_detail(decision),
+				 errhint("Wait before retrying; the limit is " INT64_FORMAT ".",
+						 decision->capacity)));
 }
 
 /* The source column's text. */
@@ -415,6 +463,14 @@ decision_to_datum(FunctionCallInfo fcinfo, const Decision *decision)
 		MemoryContextSwitchTo(old_context);
 		fcinfo->flinfo->fn_extra = desc;
 	}
+	decision_to_values(decision, values);
+	return HeapTupleGetDatum(heap_form_tuple(desc, values, nulls));
+}
+
+/* The eight rl_decision columns of decision (none of them NULL). */
+void
+decision_to_values(const Decision *decision, Datum *values)
+{
 	values[0] = BoolGetDatum(decision->allowed);
 	values[1] = Int64GetDatum(decision->remaining);
 	values[2] = Int64GetDatum(decision->capacity);
@@ -423,5 +479,4 @@ decision_to_datum(FunctionCallInfo fcinfo, const Decision *decision)
 	values[5] = CStringGetTextDatum(decision->policy);
 	values[6] = Int32GetDatum(decision->version);
 	values[7] = CStringGetTextDatum(decision_source_name(decision->source));
-	return HeapTupleGetDatum(heap_form_tuple(desc, values, nulls));
 }

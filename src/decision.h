@@ -32,6 +32,9 @@ typedef struct Decision
 	DecisionSource source;
 } Decision;
 
+/* lua/token_bucket.lua, run by decision.c and multi.c. */
+extern RedisScript token_bucket_script;
+
 /* One call's checked arguments. */
 typedef struct DecisionRequest
 {
@@ -55,8 +58,12 @@ extern void log_redis_health(const Policy *policy, bool answered, const RedisFai
 extern int64 decision_now_ms(void);
 extern void decision_run(const DecisionRequest *request, Decision *decision);
 extern void decision_refund_local(const DecisionRequest *request);
+extern bool decision_local_possible(const DecisionRequest *request);
+extern void decision_local(const DecisionRequest *request, BucketMode mode, Decision *decision);
 extern bool decision_reset(const DecisionRequest *request);
+extern void decision_enforce(const Decision *decision);
 extern void decision_make(FunctionCallInfo fcinfo, BucketMode mode, Decision *decision);
 extern Datum decision_to_datum(FunctionCallInfo fcinfo, const Decision *decision);
+extern void decision_to_values(const Decision *decision, Datum *values);
 
 #endif							/* RL_DECISION_H */

@@ -222,17 +222,6 @@ rl_consume(PG_FUNCTION_ARGS)
 	return decision_to_datum(fcinfo, &decision);
 }
 
-/* The DETAIL of a denial: the retry-after in whole seconds, rounded up (for Retry-After). */
-static int
-retry_after_detail(const Decision *decision)
-{
-	int64		seconds = (decision->retry_after_ms + 999) / 1000;
-
-	return errdetail_plural("Retry after " INT64_FORMAT " second.",
-							"Retry after " INT64_FORMAT " seconds.",
-							(unsigned long) seconds, seconds);
-}
-
 PG_FUNCTION_INFO_V1(rl_enforce);
 
 /*
@@ -245,21 +234,7 @@ rl_enforce(PG_FUNCTION_ARGS)
 	Decision	decision;
 
 	decision_make(fcinfo, BUCKET_TAKE, &decision);
-	if (!decision.allowed && decision.source == DECISION_SOURCE_FAIL_CLOSED)
-		ereport(ERROR,
-				(errhidestmt(true),
-				 errcode(ERRCODE_RL_UNAVAILABLE),
-				 errmsg("rate limiter unavailable for policy \"%s\"", decision.policy),
-				 retry_after_detail(&decision),
-				 errhint("Redis did not answer and the policy fails closed.")));
-	if (!decision.allowed)
-		ereport(ERROR,
-				(errhidestmt(true),
-				 errcode(ERRCODE_RL_RATE_LIMIT_EXCEEDED),
-				 errmsg("rate limit exceeded for policy \"%s\"", decision.policy),
-				 retry_after_detail(&decision),
-				 errhint("Wait before retrying; the limit is " INT64_FORMAT ".",
-						 decision.capacity)));
+	decision_enforce(&decision);
 	return decision_to_datum(fcinfo, &decision);
 }
 

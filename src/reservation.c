@@ -199,6 +199,16 @@ reservation_init(void)
 	RegisterSubXactCallback(reservation_subxact_callback, NULL);
 }
 
+/* Decides a checked take like rl_consume, and remembers what it took for a rollback. */
+void
+reservation_take(const DecisionRequest *request, Decision *decision)
+{
+	decision_run(request, decision);
+	if (decision->allowed &&
+		(decision->source == DECISION_SOURCE_REDIS || decision->source == DECISION_SOURCE_LOCAL))
+		reservation_remember(request, decision->source);
+}
+
 PG_FUNCTION_INFO_V1(rl_reserve);
 
 /* rl_reserve(policy, subject, cost): rl_consume, refunded if its (sub)transaction rolls back. */
@@ -209,9 +219,6 @@ rl_reserve(PG_FUNCTION_ARGS)
 	Decision	decision;
 
 	decision_request_init(fcinfo, BUCKET_TAKE, &request);
-	decision_run(&request, &decision);
-	if (decision.allowed &&
-		(decision.source == DECISION_SOURCE_REDIS || decision.source == DECISION_SOURCE_LOCAL))
-		reservation_remember(&request, decision.source);
+	reservation_take(&request, &decision);
 	return decision_to_datum(fcinfo, &decision);
 }

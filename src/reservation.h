@@ -5,6 +5,9 @@
 #ifndef RL_RESERVATION_H
 #define RL_RESERVATION_H
 
+#include "decision.h"
+
 extern void reservation_init(void);
+extern void reservation_take(const DecisionRequest *request, Decision *decision);
 
 #endif							/* RL_RESERVATION_H */

@@ -2,7 +2,9 @@
  * subject.c
  *	  Subject checks and Redis key building.
  *
- * A key is  prefix:scope:v<version>:{subject}:policy  (DESIGN principle 2).
+ * A key is  prefix:scope:v<version>:{subject}:policy  (DESIGN principle 2),
+ * or prefix:scope:v<version>:{tag}/rest:policy for a subject "tag/rest" whose
+ * tag is a safe id, so that related subjects share a Redis Cluster slot.
  * The braces are a Redis Cluster hash tag, so all buckets of one subject share a
  * slot. A subject that is a safe id (letters, digits, "_", "." and "-", at most
  * 64 bytes) appears as it is; anything else (e-mails, tokens, long or odd text)
@@ -107,15 +109,50 @@ key_scope(void)
 	return database_name;
 }
 
+/* Length of the hash tag part of subject: the safe id before a "/", or 0 if none. */
+static int
+subject_tag_length(const char *subject, int length)
+{
+	const char *slash = memchr(subject, '/', length);
+
+	if (slash != NULL && subject_is_safe_id(subject, slash - subject))
+		return slash - subject;
+	return 0;
+}
+
+/*
+ * Appends the hash tag of subject (what goes between the braces): for
+ * "tenant/user" with a safe-id "tenant", that part; else the whole subject,
+ * safe or hashed. Subjects with one tag share a Redis Cluster slot.
+ */
+void
+subject_hash_tag(StringInfo out, const char *subject, int length)
+{
+	int			tag = subject_tag_length(subject, length);
+
+	if (tag > 0)
+		appendBinaryStringInfo(out, subject, tag);
+	else
+		append_safe(out, subject, length);
+}
+
 /* Builds the Redis key of policy's bucket for subject (already checked). */
 void
 subject_build_key(StringInfo key, const Policy *policy, const char *subject, int length)
 {
 	const char *scope = key_scope();
+	int			tag = subject_tag_length(subject, length);
 
 	appendStringInfo(key, "%s:", rl_key_prefix);
 	append_safe(key, scope, strlen(scope));
 	appendStringInfo(key, ":v%d:{", policy->version);
-	append_safe(key, subject, length);
-	appendStringInfo(key, "}:%s", policy->name);
+	subject_hash_tag(key, subject, length);
+	appendStringInfoChar(key, '}');
+	if (tag > 0)
+	{
+		/* "tenant/user": the part after the "/" follows the tag, safe or hashed. */
+		appendStringInfoChar(key, '/');
+		append_safe(key, subject + tag + 1, length - tag - 1);
+	}
+	appendStringInfo(key, ":%s", policy->name);
 }

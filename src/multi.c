@@ -1,0 +1,258 @@
+/*
+ * multi.c
+ *	  rl_consume_all: several checks (a tenant's and a user's, say) taken in one
+ *	  atomic step, all granted or none charged.
+ *
+ * Redis runs every check in one script call, which is atomic only when every
+ * key lives on one node: in Redis Cluster, in one hash slot. So the subjects of
+ * one call must share a hash tag: write related subjects as "tenant/user", whose
+ * tag is "tenant" (subject.c). Checks that could not be atomic there are refused.
+ *
+ * While Redis cannot answer, each check's fail mode decides and the group is
+ * still all or nothing: any 'closed' check denies the whole group, 'local'
+ * checks take from their local buckets and give back what they took if a later
+ * one is short.
+ */
+#include "ratelimit.h"
+
+#include "catalog/pg_type.h"
+#include "funcapi.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+
+#include "breaker.h"
+#include "decision.h"
+#include "subject.h"
+
+/* The most checks in one call. */
+#define MULTI_MAX_CHECKS 32
+
+/* The checks of one call, for breaker_call. */
+typedef struct MultiCall
+{
+	int			count;
+	DecisionRequest *requests;
+	Decision   *decisions;
+} MultiCall;
+
+/* Runs every check in one script call; true with the decisions filled when Redis answered. */
+static bool
+multi_redis(void *arg, RedisFailure *failure)
+{
+	MultiCall  *call = arg;
+	int			count = call->count;
+	const char **keys = palloc(count * sizeof(char *));
+	const char **args = palloc(7 * count * sizeof(char *));
+	long long  *results = palloc(4 * count * sizeof(long long));
+	bool		answered;
+
+	for (int i = 0; i < count; i++)
+	{
+		const DecisionRequest *request = &call->requests[i];
+		const BucketParams *bucket = &request->policy.bucket;
+		StringInfoData key;
+
+		initStringInfo(&key);
+		subject_build_key(&key, &request->policy, request->subject, request->length);
+		keys[i] = key.data;
+		args[7 * i] = psprintf(INT64_FORMAT, bucket->capacity_units);
+		args[7 * i + 1] = psprintf(INT64_FORMAT, bucket->rate);
+		args[7 * i + 2] = psprintf(INT64_FORMAT, bucket->unit);
+		args[7 * i + 3] = psprintf(INT64_FORMAT, request->cost);
+		args[7 * i + 4] = psprintf(INT64_FORMAT, bucket->ttl_ms);
+		args[7 * i + 5] = rl_test_clock_ms ? rl_test_clock_ms : "";
+		args[7 * i + 6] = "take";
+	}
+	answered = redis_run_script(&token_bucket_script, count, keys, 7 * count, args,
+								results, 4 * count, failure);
+	for (int i = 0; answered && i < count; i++)
+	{
+		Decision   *decision = &call->decisions[i];
+
+		if (results[4 * i + 1] < 0 || results[4 * i + 2] < 0 || results[4 * i + 3] < 0)
+		{
+			failure->kind = REDIS_FAILURE_PROTOCOL;
+			strlcpy(failure->detail, "unexpected reply", sizeof(failure->detail));
+			return false;
+		}
+		decision->allowed = results[4 * i] == 1;
+		decision->remaining = results[4 * i + 1];
+		decision->retry_after_ms = results[4 * i + 2];
+		decision->reset_after_ms = results[4 * i + 3];
+		decision->source = DECISION_SOURCE_REDIS;
+	}
+	return answered;
+}
+
+/* Decides the group by each check's fail mode, all or nothing. */
+static void
+multi_fail_mode(MultiCall *call)
+{
+	int			taken = 0;
+	bool		denied = false;
+
+	/* A 'closed' check (or a 'local' one without a usable local bucket) closes the group. */
+	for (int i = 0; i < call->count; i++)
+	{
+		const Policy *policy = &call->requests[i].policy;
+
+		if (policy->fail_mode != FAIL_MODE_OPEN && !decision_local_possible(&call->requests[i]))
+			denied = true;
+	}
+	for (int i = 0; !denied && i < call->count; i++)
+	{
+		Decision   *decision = &call->decisions[i];
+
+		if (call->requests[i].policy.fail_mode == FAIL_MODE_OPEN)
+		{
+			decision->allowed = true;
+			decision->source = DECISION_SOURCE_FAIL_OPEN;
+			continue;
+		}
+		decision_local(&call->requests[i], BUCKET_TAKE, decision);
+		if (!decision->allowed)
+		{
+			denied = true;
+			break;
+		}
+		taken = i + 1;
+	}
+	if (!denied)
+		return;
+
+	/* Give back what local buckets took, then deny every check. */
+	for (int i = 0; i < taken; i++)
+	{
+		Decision	refund;
+
+		if (call->decisions[i].source == DECISION_SOURCE_LOCAL)
+			decision_local(&call->requests[i], BUCKET_REFUND, &refund);
+	}
+	for (int i = 0; i < call->count; i++)
+	{
+		Decision   *decision = &call->decisions[i];
+
+		if (decision->source == DECISION_SOURCE_LOCAL && !decision->allowed)
+			continue;			/* the short local bucket keeps its own answer */
+		decision->allowed = false;
+		decision->source = DECISION_SOURCE_FAIL_CLOSED;
+		decision->retry_after_ms = breaker_retry_after_ms();
+		decision->reset_after_ms = decision->retry_after_ms;
+	}
+}
+
+/* The elements of a one-dimensional array argument; NULL elements are 22004. */
+static int
+multi_array(FunctionCallInfo fcinfo, int argno, Oid type, const char *what, Datum **values)
+{
+	ArrayType  *array;
+	bool	   *nulls;
+	int			count;
+	int16		typlen;
+	bool		typbyval;
+	char		typalign;
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", what)));
+	array = PG_GETARG_ARRAYTYPE_P(argno);
+	if (ARR_NDIM(array) > 1)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be a one-dimensional array", what)));
+	get_typlenbyvalalign(type, &typlen, &typbyval, &typalign);
+	deconstruct_array(array, type, typlen, typbyval, typalign, values, &nulls, &count);
+	for (int i = 0; i < count; i++)
+		if (nulls[i])
+			ereport(ERROR,
+					(errhidestmt(true),
+					 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("%s must not hold nulls", what)));
+	return count;
+}
+
+PG_FUNCTION_INFO_V1(rl_consume_all);
+
+/*
+ * rl_consume_all(policies, subjects, costs DEFAULT NULL): one decision per
+ * check, all granted or none charged; NULL costs mean 1 each.
+ */
+Datum
+rl_consume_all(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	Datum	   *policies;
+	Datum	   *subjects;
+	Datum	   *costs = NULL;
+	MultiCall	call;
+	RedisFailure failure;
+	StringInfoData first_tag;
+	StringInfoData tag;
+	bool		answered;
+
+	call.count = multi_array(fcinfo, 0, TEXTOID, "policies", &policies);
+	if (multi_array(fcinfo, 1, TEXTOID, "subjects", &subjects) != call.count ||
+		(!PG_ARGISNULL(2) && multi_array(fcinfo, 2, INT8OID, "costs", &costs) != call.count))
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("policies, subjects and costs must have the same number of elements")));
+	if (call.count < 1 || call.count > MULTI_MAX_CHECKS)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("rl_consume_all takes 1 to %d checks", MULTI_MAX_CHECKS)));
+
+	call.requests = palloc0(call.count * sizeof(DecisionRequest));
+	call.decisions = palloc0(call.count * sizeof(Decision));
+	initStringInfo(&first_tag);
+	initStringInfo(&tag);
+	for (int i = 0; i < call.count; i++)
+	{
+		text	   *subject = DatumGetTextPP(subjects[i]);
+		DecisionRequest *request = &call.requests[i];
+		Decision   *decision = &call.decisions[i];
+
+		decision_request_check(fcinfo->flinfo->fn_oid, TextDatumGetCString(policies[i]),
+							   VARDATA_ANY(subject), VARSIZE_ANY_EXHDR(subject), request);
+		decision_request_cost(request, BUCKET_TAKE, costs ? DatumGetInt64(costs[i]) : 1);
+
+		/* One atomic script needs one Redis Cluster slot: one hash tag. */
+		resetStringInfo(&tag);
+		subject_hash_tag(&tag, request->subject, request->length);
+		if (i == 0)
+			appendStringInfoString(&first_tag, tag.data);
+		else if (strcmp(tag.data, first_tag.data) != 0)
+			ereport(ERROR,
+					(errhidestmt(true),
+					 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("the checks of rl_consume_all must share one hash tag"),
+					 errdetail("Check %d has another hash tag than check 1, so no single Redis node could take them atomically.",
+							   i + 1),
+					 errhint("Write related subjects as 'tenant/user': the part before the '/' is the hash tag.")));
+
+		strlcpy(decision->policy, request->policy.name, sizeof(decision->policy));
+		decision->version = request->policy.version;
+		decision->capacity = request->policy.bucket.capacity;
+	}
+
+	answered = breaker_call(multi_redis, &call, &failure);
+	log_redis_health(&call.requests[0].policy, answered, &failure);
+	if (!answered)
+		multi_fail_mode(&call);
+
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	for (int i = 0; i < call.count; i++)
+	{
+		Datum		values[8];
+		bool		nulls[8] = {0};
+
+		decision_to_values(&call.decisions[i], values);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
+}

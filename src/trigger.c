@@ -1,0 +1,231 @@
+/*
+ * trigger.c
+ *	  rl_limit_trigger: a trigger that charges a policy for the rows written.
+ *
+ *   CREATE TRIGGER ... BEFORE INSERT ... FOR EACH ROW
+ *     EXECUTE FUNCTION rl_limit_trigger('comments.create', 'tenant_id' [, 'cost_column']);
+ * charges each row's subject (the column's value as text) one token, or the
+ * cost column's value, and raises rl_enforce's error when denied. As a
+ * statement-level AFTER trigger with REFERENCING NEW TABLE, it charges a bulk
+ * INSERT or COPY once per subject, with the sum of its rows. Charges are
+ * reservations: if the statement or transaction fails, they are given back.
+ */
+#include "ratelimit.h"
+
+#include "access/htup_details.h"
+#include "common/int.h"
+#include "catalog/pg_type.h"
+#include "commands/trigger.h"
+#include "executor/executor.h"
+#include "executor/spi.h"
+#include "utils/builtins.h"
+#include "utils/hsearch.h"
+#include "utils/lsyscache.h"
+#include "utils/rel.h"
+#include "utils/tuplestore.h"
+
+#include "decision.h"
+#include "reservation.h"
+
+/* One subject's total in a statement-level charge. */
+typedef struct SubjectTotal
+{
+	char		subject[RL_SUBJECT_MAX_BYTES + 1];	/* hash key */
+	int64		cost;
+} SubjectTotal;
+
+/* The trigger's arguments: the policy and where subject and cost are in a row. */
+typedef struct TriggerArgs
+{
+	const char *policy;
+	const char *subject_column;
+	int			subject_attnum;
+	const char *cost_column;	/* NULL: one token a row */
+	int			cost_attnum;
+} TriggerArgs;
+
+/* The column number of column in desc, or 42703. */
+static int
+column_attnum(TupleDesc desc, const char *column)
+{
+	int			attnum = SPI_fnumber(desc, column);
+
+	if (attnum <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_COLUMN),
+				 errmsg("rl_limit_trigger: column \"%s\" does not exist", column)));
+	return attnum;
+}
+
+/* A row's subject: its subject column as text (palloc'd). */
+static char *
+row_subject(HeapTuple tuple, TupleDesc desc, const TriggerArgs *args)
+{
+	bool		isnull;
+	Datum		value = heap_getattr(tuple, args->subject_attnum, desc, &isnull);
+	Oid			output;
+	bool		varlena;
+
+	if (isnull)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("rl_limit_trigger: subject column \"%s\" is null", args->subject_column)));
+	getTypeOutputInfo(TupleDescAttr(desc, args->subject_attnum - 1)->atttypid, &output, &varlena);
+	return OidOutputFunctionCall(output, value);
+}
+
+/* A row's cost: its cost column (an integer), or 1. */
+static int64
+row_cost(HeapTuple tuple, TupleDesc desc, const TriggerArgs *args)
+{
+	bool		isnull;
+	Datum		value;
+
+	if (args->cost_column == NULL)
+		return 1;
+	value = heap_getattr(tuple, args->cost_attnum, desc, &isnull);
+	if (isnull)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("rl_limit_trigger: cost column \"%s\" is null", args->cost_column)));
+	switch (TupleDescAttr(desc, args->cost_attnum - 1)->atttypid)
+	{
+		case INT2OID:
+			return DatumGetInt16(value);
+		case INT4OID:
+			return DatumGetInt32(value);
+		case INT8OID:
+			return DatumGetInt64(value);
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_DATATYPE_MISMATCH),
+			 errmsg("rl_limit_trigger: cost column \"%s\" must be smallint, integer or bigint",
+					args->cost_column)));
+	return 0;					/* keep the compiler quiet */
+}
+
+/* Charges subject cost tokens of the policy as a reservation; raises when denied. */
+static void
+charge_subject(FunctionCallInfo fcinfo, const TriggerArgs *args, const char *subject, int64 cost)
+{
+	DecisionRequest request;
+	Decision	decision;
+
+	decision_request_check(fcinfo->flinfo->fn_oid, args->policy, subject, strlen(subject),
+						   &request);
+	if (cost > request.policy.bucket.capacity)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_RL_RATE_LIMIT_EXCEEDED),
+				 errmsg("rate limit exceeded for policy \"%s\"", request.policy.name),
+				 errdetail("The statement needs " INT64_FORMAT " tokens for one subject; the policy holds at most " INT64_FORMAT ".",
+						   cost, request.policy.bucket.capacity)));
+	decision_request_cost(&request, BUCKET_TAKE, cost);
+	reservation_take(&request, &decision);
+	decision_enforce(&decision);
+}
+
+/* Statement level: one charge per subject, for the sum of its rows in the new rows. */
+static void
+charge_statement(FunctionCallInfo fcinfo, TriggerData *trigdata, const TriggerArgs *args)
+{
+	Tuplestorestate *rows = trigdata->tg_newtable;
+	TupleDesc	desc = RelationGetDescr(trigdata->tg_relation);
+	TupleTableSlot *slot;
+	HASHCTL		hashctl = {0};
+	HTAB	   *totals;
+	HASH_SEQ_STATUS scan;
+	SubjectTotal *total;
+
+	if (rows == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("a statement-level rl_limit_trigger needs the new rows"),
+				 errhint("Declare it AFTER INSERT ... REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT.")));
+	hashctl.keysize = sizeof(total->subject);
+	hashctl.entrysize = sizeof(SubjectTotal);
+	hashctl.hcxt = CurrentMemoryContext;
+	totals = hash_create("rl_limit_trigger subjects", 64, &hashctl,
+						 HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+
+	slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
+	tuplestore_rescan(rows);
+	while (tuplestore_gettupleslot(rows, true, false, slot))
+	{
+		bool		should_free;
+		HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
+		char	   *subject = row_subject(tuple, desc, args);
+		int64		cost = row_cost(tuple, desc, args);
+		bool		found;
+
+		if (strlen(subject) > RL_SUBJECT_MAX_BYTES || cost <= 0)
+			charge_subject(fcinfo, args, subject, cost);	/* raises the usual error */
+		total = hash_search(totals, subject, HASH_ENTER, &found);
+		if (!found)
+			total->cost = 0;
+		if (pg_add_s64_overflow(total->cost, cost, &total->cost))
+			total->cost = PG_INT64_MAX;
+		if (should_free)
+			heap_freetuple(tuple);
+		pfree(subject);
+	}
+	ExecDropSingleTupleTableSlot(slot);
+
+	hash_seq_init(&scan, totals);
+	while ((total = hash_seq_search(&scan)) != NULL)
+		charge_subject(fcinfo, args, total->subject, total->cost);
+	hash_destroy(totals);
+}
+
+PG_FUNCTION_INFO_V1(rl_limit_trigger);
+
+/* rl_limit_trigger(policy, subject_column [, cost_column]): see the file header. */
+Datum
+rl_limit_trigger(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	Trigger    *trigger;
+	TupleDesc	desc;
+	TriggerArgs args = {0};
+	HeapTuple	tuple;
+
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("rl_limit_trigger must be called as a trigger")));
+	trigger = trigdata->tg_trigger;
+	if (trigger->tgnargs < 2 || trigger->tgnargs > 3)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("rl_limit_trigger takes a policy, a subject column and an optional cost column")));
+	desc = RelationGetDescr(trigdata->tg_relation);
+	args.policy = trigger->tgargs[0];
+	args.subject_column = trigger->tgargs[1];
+	args.subject_attnum = column_attnum(desc, args.subject_column);
+	if (trigger->tgnargs == 3)
+	{
+		args.cost_column = trigger->tgargs[2];
+		args.cost_attnum = column_attnum(desc, args.cost_column);
+	}
+
+	if (!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event))
+	{
+		charge_statement(fcinfo, trigdata, &args);
+		return PointerGetDatum(NULL);
+	}
+	if (TRIGGER_FIRED_BY_DELETE(trigdata->tg_event))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("rl_limit_trigger charges rows written: use it ON INSERT or UPDATE")));
+	tuple = TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) ? trigdata->tg_newtuple :
+		trigdata->tg_trigtuple;
+	{
+		char	   *subject = row_subject(tuple, desc, &args);
+
+		charge_subject(fcinfo, &args, subject, row_cost(tuple, desc, &args));
+		pfree(subject);
+	}
+	return TRIGGER_FIRED_BEFORE(trigdata->tg_event) ? PointerGetDatum(tuple) : PointerGetDatum(NULL);
+}
