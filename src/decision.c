@@ -204,21 +204,28 @@ decide_by_redis(void *arg, RedisFailure *failure)
 								request->mode == BUCKET_TAKE ? 6 : 7, args, results, 4, failure);
 	pfree(key.data);
 	pfree(refund_key.data);
-	if (answered && (results[1] < 0 || results[2] < 0 || results[3] < 0))
+	return answered && decision_from_reply(results, decision, failure);
+}
+
+/*
+ * Fills decision from a script's four numbers {allowed, remaining, retry_after_ms,
+ * reset_after_ms}; false, with a protocol failure, when they make no sense.
+ */
+bool
+decision_from_reply(const long long *results, Decision *decision, RedisFailure *failure)
+{
+	if (results[1] < 0 || results[2] < 0 || results[3] < 0)
 	{
 		failure->kind = REDIS_FAILURE_PROTOCOL;
 		strlcpy(failure->detail, "unexpected reply", sizeof(failure->detail));
-		answered = false;
+		return false;
 	}
-	if (answered)
-	{
-		decision->allowed = results[0] == 1;
-		decision->remaining = results[1];
-		decision->retry_after_ms = results[2];
-		decision->reset_after_ms = results[3];
-		decision->source = DECISION_SOURCE_REDIS;
-	}
-	return answered;
+	decision->allowed = results[0] == 1;
+	decision->remaining = results[1];
+	decision->retry_after_ms = results[2];
+	decision->reset_after_ms = results[3];
+	decision->source = DECISION_SOURCE_REDIS;
+	return true;
 }
 
 /*

@@ -62,6 +62,8 @@ extern bool decision_local_possible(const DecisionRequest *request);
 extern void decision_local(const DecisionRequest *request, BucketMode mode, Decision *decision);
 extern bool decision_reset(const DecisionRequest *request);
 extern void decision_enforce(const Decision *decision);
+extern bool decision_from_reply(const long long *results, Decision *decision,
+								RedisFailure *failure);
 extern void decision_make(FunctionCallInfo fcinfo, BucketMode mode, Decision *decision);
 extern Datum decision_to_datum(FunctionCallInfo fcinfo, const Decision *decision);
 extern void decision_to_values(const Decision *decision, Datum *values);

@@ -81,21 +81,7 @@ lease_call_redis(void *arg, RedisFailure *failure)
 	args[3] = rl_test_clock_ms ? rl_test_clock_ms : "";
 	args[4] = call->mode;
 	answered = redis_run_script(&concurrency_script, 1, keys, 5, args, results, 4, failure);
-	if (answered && (results[1] < 0 || results[2] < 0 || results[3] < 0))
-	{
-		failure->kind = REDIS_FAILURE_PROTOCOL;
-		strlcpy(failure->detail, "unexpected reply", sizeof(failure->detail));
-		answered = false;
-	}
-	if (answered)
-	{
-		decision->allowed = results[0] == 1;
-		decision->remaining = results[1];
-		decision->retry_after_ms = results[2];
-		decision->reset_after_ms = results[3];
-		decision->source = DECISION_SOURCE_REDIS;
-	}
-	return answered;
+	return answered && decision_from_reply(results, decision, failure);
 }
 
 /*

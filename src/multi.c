@@ -67,21 +67,7 @@ multi_redis(void *arg, RedisFailure *failure)
 	answered = redis_run_script(&token_bucket_script, count, keys, 7 * count, args,
 								results, 4 * count, failure);
 	for (int i = 0; answered && i < count; i++)
-	{
-		Decision   *decision = &call->decisions[i];
-
-		if (results[4 * i + 1] < 0 || results[4 * i + 2] < 0 || results[4 * i + 3] < 0)
-		{
-			failure->kind = REDIS_FAILURE_PROTOCOL;
-			strlcpy(failure->detail, "unexpected reply", sizeof(failure->detail));
-			return false;
-		}
-		decision->allowed = results[4 * i] == 1;
-		decision->remaining = results[4 * i + 1];
-		decision->retry_after_ms = results[4 * i + 2];
-		decision->reset_after_ms = results[4 * i + 3];
-		decision->source = DECISION_SOURCE_REDIS;
-	}
+		answered = decision_from_reply(&results[4 * i], &call->decisions[i], failure);
 	return answered;
 }
 
