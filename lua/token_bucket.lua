@@ -149,7 +149,10 @@ for i = 1, count do
     decided[i] = 1
     s.level = s.level - b.cost
   else
+    -- A denial takes nothing and writes nothing: the stored state refills the same.
+    -- Its wait counts from what is left here, after the checks before it.
     decided[i] = 0
+    b.retry = add(s.paused, ceil_div(b.cost - s.level, b.rate))
     all = false
   end
 end
@@ -194,8 +197,7 @@ for i = 1, count do
   elseif all or (mode == 'peek' and decided[i] == 1) then
     allowed = 1
   elseif decided[i] == 0 then
-    -- A denial takes nothing and writes nothing: the stored state refills the same.
-    retry_after = add(s.paused, ceil_div(b.cost - s.level, b.rate))
+    retry_after = b.retry
   end
   local reset_after = 0
   if s.level < s.capacity then

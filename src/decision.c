@@ -294,6 +294,12 @@ decision_request_cost(DecisionRequest *request, BucketMode mode, int64 cost)
 				 errcode(ERRCODE_WRONG_OBJECT_TYPE),
 				 errmsg("rate limit policy \"%s\" is a concurrency policy", policy->name),
 				 errhint("Take its leases with rl_acquire and give them back with rl_release.")));
+	if (policy->algorithm == ALGORITHM_CONCURRENCY && cost != 1)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("a peek at concurrency policy \"%s\" counts one lease", policy->name),
+				 errdetail("The cost was " INT64_FORMAT ".", cost)));
 	if (mode == BUCKET_REFUND && cost > policy->bucket.capacity)
 		cost = policy->bucket.capacity;
 	if (cost <= 0 || cost > policy->bucket.capacity)

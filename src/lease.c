@@ -13,7 +13,8 @@
  *
  * Releases run at transaction end and at backend exit, where nothing may raise:
  * interrupts are held, each Redis call keeps its command_timeout, and a release
- * that cannot be made is logged and left to the TTL. While Redis cannot answer,
+ * that cannot be made is logged and left to the TTL (as are the leases of backends
+ * that the postmaster ends after a crash). While Redis cannot answer,
  * 'open' policies allow (holding no lease) and the others deny: a lease cannot
  * be counted anywhere else.
  */
@@ -129,6 +130,15 @@ lease_key(const DecisionRequest *request)
 	initStringInfo(&key);
 	subject_build_key(&key, &request->policy, request->subject, request->length);
 	return key.data;
+}
+
+/* Drops a lease from the list and frees it. */
+static void
+lease_forget(Lease *lease)
+{
+	leases = list_delete_ptr(leases, lease);
+	pfree(lease->key);
+	pfree(lease);
 }
 
 /* Gives one lease back; never raises. */
@@ -337,18 +347,19 @@ rl_acquire(PG_FUNCTION_ARGS)
 		exit_callback_registered = true;
 	}
 
+	/*
+	 * Listed before Redis is asked: a call cut short (timeout, cancel) may
+	 * still have taken it, and releasing an id that was never taken is harmless.
+	 */
+	old_context = MemoryContextSwitchTo(lease_context);
+	leases = lappend(leases, lease);
+	MemoryContextSwitchTo(old_context);
+
 	lease_decision_init(&request.policy, &decision);
-	if (lease_call(&request.policy, lease->key, lease->id, "acquire", &decision))
-	{
-		if (decision.allowed)
-		{
-			old_context = MemoryContextSwitchTo(lease_context);
-			leases = lappend(leases, lease);
-			MemoryContextSwitchTo(old_context);
-		}
-	}
-	else
+	if (!lease_call(&request.policy, lease->key, lease->id, "acquire", &decision))
 		lease_fail_mode(&request.policy, &decision);
+	else if (!decision.allowed)
+		lease_forget(lease);	/* Redis said no: nothing was taken */
 	return decision_to_datum(fcinfo, &decision);
 }
 
@@ -381,7 +392,7 @@ rl_release(PG_FUNCTION_ARGS)
 	{
 		released = lease_call(&found->policy, found->key, found->id, "release", &decision) &&
 			decision.allowed;
-		leases = list_delete_ptr(leases, found);
+		lease_forget(found);
 	}
 	PG_RETURN_BOOL(released);
 }

@@ -113,7 +113,11 @@ multi_fail_mode(MultiCall *call)
 		Decision	refund;
 
 		if (call->decisions[i].source == DECISION_SOURCE_LOCAL)
+		{
 			decision_local(&call->requests[i], BUCKET_REFUND, &refund);
+			call->decisions[i].remaining = refund.remaining;
+			call->decisions[i].reset_after_ms = refund.reset_after_ms;
+		}
 	}
 	for (int i = 0; i < call->count; i++)
 	{

@@ -120,7 +120,7 @@ charge_subject(FunctionCallInfo fcinfo, const TriggerArgs *args, const char *sub
 				(errhidestmt(true),
 				 errcode(ERRCODE_RL_RATE_LIMIT_EXCEEDED),
 				 errmsg("rate limit exceeded for policy \"%s\"", request.policy.name),
-				 errdetail("The statement needs " INT64_FORMAT " tokens for one subject; the policy holds at most " INT64_FORMAT ".",
+				 errdetail("The write needs " INT64_FORMAT " tokens for one subject; the policy holds at most " INT64_FORMAT ".",
 						   cost, request.policy.bucket.capacity)));
 	decision_request_cost(&request, BUCKET_TAKE, cost);
 	reservation_take(&request, &decision);
