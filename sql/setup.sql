@@ -15,7 +15,8 @@ ORDER BY 1;
 SELECT proname, has_function_privilege('public', p.oid, 'EXECUTE') AS public_may_execute
 FROM pg_proc p
 WHERE proname IN ('rl_consume', 'rl_enforce', 'rl_reserve', 'rl_peek', 'rl_refund', 'rl_reset',
-                  'rl_acquire', 'rl_release', 'rl_health', 'rl_local_available',
+                  'rl_acquire', 'rl_release', 'rl_consume_all', 'rl_limit_trigger',
+                  'rl_health', 'rl_local_available',
                   'rl_policy_set_version', 'rl_policy_invalidate')
 ORDER BY 1;
 
