@@ -87,17 +87,23 @@ lease_call_redis(void *arg, RedisFailure *failure)
 
 /*
  * Runs the concurrency script on key in mode, unless the breaker skips Redis.
- * True with decision filled when Redis answered.
+ * True with decision filled when Redis answered. Otherwise, when unsure is
+ * given, it says whether Redis may have run the script all the same (the
+ * request went out, and no answer came back).
  */
 static bool
 lease_call(const Policy *policy, const char *key, const char *id, const char *mode,
-		   Decision *decision)
+		   Decision *decision, bool *unsure)
 {
 	LeaseCall	call = {.policy = policy,.key = key,.id = id,.mode = mode,.decision = decision};
 	RedisFailure failure;
 	bool		answered = breaker_call(lease_call_redis, &call, &failure);
 
 	log_redis_health(policy, answered, &failure);
+	if (unsure != NULL)
+		*unsure = !answered && (failure.kind == REDIS_FAILURE_TIMEOUT ||
+								failure.kind == REDIS_FAILURE_IO ||
+								failure.kind == REDIS_FAILURE_PROTOCOL);
 	return answered;
 }
 
@@ -151,7 +157,7 @@ lease_release(Lease *lease)
 
 	PG_TRY();
 	{
-		released = lease_call(&lease->policy, lease->key, lease->id, "release", &decision);
+		released = lease_call(&lease->policy, lease->key, lease->id, "release", &decision, NULL);
 	}
 	PG_CATCH();
 	{
@@ -281,7 +287,7 @@ lease_peek(const DecisionRequest *request, Decision *decision)
 	char	   *key = lease_key(request);
 
 	lease_decision_init(&request->policy, decision);
-	if (!lease_call(&request->policy, key, "", "peek", decision))
+	if (!lease_call(&request->policy, key, "", "peek", decision, NULL))
 		lease_fail_mode(&request->policy, decision);
 	pfree(key);
 }
@@ -316,6 +322,7 @@ rl_acquire(PG_FUNCTION_ARGS)
 	bool		session;
 	Lease	   *lease;
 	MemoryContext old_context;
+	bool		unsure;
 
 	lease_request_init(fcinfo, &request);
 	if (PG_ARGISNULL(2))
@@ -356,8 +363,12 @@ rl_acquire(PG_FUNCTION_ARGS)
 	MemoryContextSwitchTo(old_context);
 
 	lease_decision_init(&request.policy, &decision);
-	if (!lease_call(&request.policy, lease->key, lease->id, "acquire", &decision))
+	if (!lease_call(&request.policy, lease->key, lease->id, "acquire", &decision, &unsure))
+	{
 		lease_fail_mode(&request.policy, &decision);
+		if (!unsure)
+			lease_forget(lease);	/* Redis was not asked, or refused the connection */
+	}
 	else if (!decision.allowed)
 		lease_forget(lease);	/* Redis said no: nothing was taken */
 	return decision_to_datum(fcinfo, &decision);
@@ -390,7 +401,7 @@ rl_release(PG_FUNCTION_ARGS)
 	}
 	if (found != NULL)
 	{
-		released = lease_call(&found->policy, found->key, found->id, "release", &decision) &&
+		released = lease_call(&found->policy, found->key, found->id, "release", &decision, NULL) &&
 			decision.allowed;
 		lease_forget(found);
 	}
