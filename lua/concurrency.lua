@@ -36,7 +36,9 @@ else
     allowed = 1
     if mode == 'acquire' then
       redis.call('ZADD', key, now + ttl, id)
-      redis.call('PEXPIRE', key, ttl)
+      -- The set lives as long as its longest lease, even one taken under a longer TTL.
+      local longest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+      redis.call('PEXPIRE', key, math.max(ttl, tonumber(longest[2]) - now))
     end
   end
 end

@@ -16,7 +16,7 @@
 -- ARGV[7]  optional mode: "take" (the default), "peek" (decide, write nothing) or
 --          "refund" (give ARGV[4] tokens back, never above capacity)
 -- KEYS[2]  refund only, optional: a key that marks this refund as done, so that a
---          retried refund credits nothing (it lives as long as the bucket)
+--          retried refund credits nothing (it lives a minute at most)
 -- Several buckets ("take" or "peek"): KEYS[i] with ARGV[7i-6 .. 7i-2] as above; now
 -- and mode come from ARGV[6] and ARGV[7]. A bucket named twice is charged twice.
 -- Returns {allowed (0|1), remaining tokens, retry_after_ms, reset_after_ms} per
@@ -160,7 +160,8 @@ end
 -- Write: a refund (once per mark), or every take when all were granted.
 if mode == 'refund' then
   local b = buckets[1]
-  if KEYS[2] == nil or redis.call('SET', KEYS[2], '1', 'NX', 'PX', add(b.ttl, b.paused)) then
+  -- The mark only has to outlive a retry of this refund: a minute at most.
+  if KEYS[2] == nil or redis.call('SET', KEYS[2], '1', 'NX', 'PX', math.min(add(b.ttl, b.paused), 60000)) then
     b.level = math.min(b.capacity, b.level + b.cost)
     redis.call('HSET', b.key, 'level', b.level, 'time', b.last)
     redis.call('PEXPIRE', b.key, add(b.ttl, b.paused))

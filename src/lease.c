@@ -35,6 +35,7 @@
 typedef struct Lease
 {
 	char	   *key;			/* the lease set in Redis */
+	char	   *subject;		/* NUL-terminated copy, for rl_release */
 	char		id[64];
 	Policy		policy;
 	bool		session;		/* released at session end, not transaction end */
@@ -48,7 +49,6 @@ static RedisScript concurrency_script = {
 
 static List *leases = NIL;
 static MemoryContext lease_context = NULL;
-static uint64 lease_counter = 0;
 
 /* One call of the concurrency script, for breaker_call. */
 typedef struct LeaseCall
@@ -132,10 +132,22 @@ static char *
 lease_key(const DecisionRequest *request)
 {
 	StringInfoData key;
+	char	   *copy;
 
 	initStringInfo(&key);
 	subject_build_key(&key, &request->policy, request->subject, request->length);
-	return key.data;
+	copy = pstrdup(key.data);
+	pfree(key.data);
+	return copy;
+}
+
+/* Frees a lease. */
+static void
+lease_free(Lease *lease)
+{
+	pfree(lease->key);
+	pfree(lease->subject);
+	pfree(lease);
 }
 
 /* Drops a lease from the list and frees it. */
@@ -143,11 +155,13 @@ static void
 lease_forget(Lease *lease)
 {
 	leases = list_delete_ptr(leases, lease);
-	pfree(lease->key);
-	pfree(lease);
+	lease_free(lease);
 }
 
-/* Gives one lease back; never raises. */
+/*
+ * Gives one lease back. Raises nothing, except where PostgreSQL turns every
+ * error into FATAL (at process exit).
+ */
 static void
 lease_release(Lease *lease)
 {
@@ -194,7 +208,10 @@ leases_release(SubTransactionId from, bool session)
 
 		if (session || (!lease->session &&
 						(from == InvalidSubTransactionId || lease->subxact >= from)))
+		{
 			lease_release(lease);
+			lease_free(lease);
+		}
 		else
 			kept = lappend(kept, lease);
 	}
@@ -342,8 +359,8 @@ rl_acquire(PG_FUNCTION_ARGS)
 	old_context = MemoryContextSwitchTo(lease_context);
 	lease = palloc0(sizeof(Lease));
 	lease->key = lease_key(&request);
-	snprintf(lease->id, sizeof(lease->id), "%d.%ld.%llu", MyProcPid, (long) MyStartTime,
-			 (unsigned long long) ++lease_counter);
+	lease->subject = pnstrdup(request.subject, request.length);
+	strlcpy(lease->id, rl_unique_id(), sizeof(lease->id));
 	lease->policy = request.policy;
 	lease->session = session;
 	lease->subxact = GetCurrentSubTransactionId();
@@ -378,32 +395,35 @@ PG_FUNCTION_INFO_V1(rl_release);
 
 /*
  * rl_release(policy, subject): gives back the latest lease this session holds
- * for them. True when a lease was released in Redis.
+ * for them (whatever version of the policy took it). True when a lease was
+ * released in Redis; one Redis did not answer for stays listed, to be
+ * released again when its transaction or session ends.
  */
 Datum
 rl_release(PG_FUNCTION_ARGS)
 {
 	DecisionRequest request;
-	char	   *key;
+	char	   *subject;
 	Lease	   *found = NULL;
 	ListCell   *cell;
 	Decision	decision;
-	bool		released = false;
+	bool		answered = false;
 
 	lease_request_init(fcinfo, &request);
-	key = lease_key(&request);
+	subject = pnstrdup(request.subject, request.length);
 	foreach(cell, leases)
 	{
 		Lease	   *lease = lfirst(cell);
 
-		if (strcmp(lease->key, key) == 0)
+		if (strcmp(lease->policy.name, request.policy.name) == 0 &&
+			strcmp(lease->subject, subject) == 0)
 			found = lease;
 	}
 	if (found != NULL)
 	{
-		released = lease_call(&found->policy, found->key, found->id, "release", &decision, NULL) &&
-			decision.allowed;
-		lease_forget(found);
+		answered = lease_call(&found->policy, found->key, found->id, "release", &decision, NULL);
+		if (answered)
+			lease_forget(found);
 	}
-	PG_RETURN_BOOL(released);
+	PG_RETURN_BOOL(answered && decision.allowed);
 }

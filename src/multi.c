@@ -230,12 +230,13 @@ rl_consume_all(PG_FUNCTION_ARGS)
 		decision->capacity = request->policy.bucket.capacity;
 	}
 
+	/* Checked before anything is charged: a context that takes no set fails here. */
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 	answered = breaker_call(multi_redis, &call, &failure);
 	log_redis_health(&call.requests[0].policy, answered, &failure);
 	if (!answered)
 		multi_fail_mode(&call);
 
-	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 	for (int i = 0; i < call.count; i++)
 	{
 		Datum		values[8];

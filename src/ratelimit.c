@@ -338,3 +338,19 @@ rl_reset(PG_FUNCTION_ARGS)
 	audit("reset", request.policy.name);
 	PG_RETURN_BOOL(done);
 }
+
+/*
+ * A palloc'd id no other backend, here or on another server sharing the Redis,
+ * will make: pid, start time, a random per-backend nonce, a counter.
+ */
+char *
+rl_unique_id(void)
+{
+	static uint64 nonce = 0;
+	static uint64 counter = 0;
+
+	if (nonce == 0 && (!pg_strong_random(&nonce, sizeof(nonce)) || nonce == 0))
+		nonce = (uint64) MyStartTimestamp ^ ((uint64) MyProcPid << 32) ^ 1;
+	return psprintf("%d.%llx.%llu", MyProcPid, (unsigned long long) nonce,
+					(unsigned long long) ++counter);
+}

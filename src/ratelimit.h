@@ -34,6 +34,8 @@ extern char *rl_key_scope;
 extern char *rl_subject_secret;
 extern char *rl_test_clock_ms;
 
+extern char *rl_unique_id(void);
+
 /* Microseconds on a monotonic clock: deadlines must not move when the wall clock does. */
 static inline int64
 rl_monotonic_us(void)

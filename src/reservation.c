@@ -10,9 +10,11 @@
  *
  * Refunds run inside abort processing, where nothing may raise an error and the
  * end of the transaction must not wait long: interrupts are held (so a cancel
- * cannot break in), every Redis call keeps its command_timeout, and the breaker
- * skips Redis altogether once it is known to be down. A refund that cannot be
- * made is logged and lost: that can only deny more later, never grant more.
+ * cannot break in), a rollback waits for at most one Redis deadline (after a
+ * refund without an answer the rest are not tried), and the breaker skips Redis
+ * altogether once it is known to be down. A refund that cannot be made is logged
+ * and lost: that can only deny more later, never grant more. Consecutive
+ * reservations of one bucket (the rows of a statement) share one refund.
  * PREPARE TRANSACTION with reservations pending is refused: a prepared
  * transaction outlives the session that would have to refund it.
  */
@@ -32,47 +34,82 @@ typedef struct Reservation
 	DecisionRequest request;	/* the refund: mode BUCKET_REFUND, with an id */
 	DecisionSource source;		/* who granted it: Redis or the local bucket */
 	SubTransactionId subxact;	/* who took it; a commit passes it to the parent */
+	char	   *redis_url;		/* the Redis it came from */
 } Reservation;
 
 static List *reservations = NIL;
 static MemoryContext reservation_context = NULL;
-static uint64 reservation_counter = 0;
 
 /* Remembers what a granted rl_reserve took, until its transaction ends. */
 static void
 reservation_remember(const DecisionRequest *request, DecisionSource source)
 {
 	MemoryContext old_context = MemoryContextSwitchTo(reservation_context);
-	Reservation *reservation = palloc(sizeof(Reservation));
-	char	   *subject = palloc(request->length);
+	SubTransactionId subxact = GetCurrentSubTransactionId();
+	StringInfoData key;
+	Reservation *reservation;
+	char	   *subject;
 
+	/* The bucket it came from, whatever the settings say at rollback time. */
+	initStringInfo(&key);
+	subject_build_key(&key, &request->policy, request->subject, request->length);
+
+	/* Rows of one statement charge one bucket again and again: one refund for them all. */
+	if (reservations != NIL)
+	{
+		reservation = llast(reservations);
+		if (reservation->source == source && reservation->subxact == subxact &&
+			strcmp(reservation->request.key, key.data) == 0)
+		{
+			reservation->request.cost = Min(reservation->request.cost + request->cost,
+											request->policy.bucket.capacity);
+			pfree(key.data);
+			MemoryContextSwitchTo(old_context);
+			return;
+		}
+	}
+
+	reservation = palloc(sizeof(Reservation));
+	subject = palloc(request->length);
 	memcpy(subject, request->subject, request->length);
 	reservation->request = *request;
 	reservation->request.subject = subject;
 	reservation->request.mode = BUCKET_REFUND;
-	/* The bucket it came from, whatever the settings say at rollback time. */
-	{
-		StringInfoData key;
-
-		initStringInfo(&key);
-		subject_build_key(&key, &request->policy, request->subject, request->length);
-		reservation->request.key = key.data;
-	}
-	reservation->request.refund_id = psprintf("%d.%ld.%llu", MyProcPid, (long) MyStartTime,
-											  (unsigned long long) ++reservation_counter);
+	reservation->request.key = pstrdup(key.data);
+	reservation->request.refund_id = rl_unique_id();
 	reservation->source = source;
-	reservation->subxact = GetCurrentSubTransactionId();
+	reservation->subxact = subxact;
+	reservation->redis_url = pstrdup(rl_redis_url ? rl_redis_url : "");
 	reservations = lappend(reservations, reservation);
+	pfree(key.data);
 	MemoryContextSwitchTo(old_context);
 }
 
-/* Gives one reservation's tokens back where they came from; never raises. */
+/* Frees a reservation that is done with. */
 static void
-reservation_refund(Reservation *reservation)
+reservation_free(Reservation *reservation)
+{
+	pfree((char *) reservation->request.subject);
+	pfree((char *) reservation->request.key);
+	pfree((char *) reservation->request.refund_id);
+	pfree(reservation->redis_url);
+	pfree(reservation);
+}
+
+/*
+ * Gives one reservation's tokens back where they came from. With give_up set
+ * (an earlier refund of this rollback got no answer) Redis is not asked again,
+ * so that a rollback waits for one deadline at most. Returns false when a
+ * Redis refund got no answer. Raises nothing, except where PostgreSQL turns
+ * every error into FATAL (at process exit).
+ */
+static bool
+reservation_refund(Reservation *reservation, bool give_up)
 {
 	MemoryContext context = CurrentMemoryContext;
 	const char *policy = reservation->request.policy.name;
 	Decision	decision;
+	volatile bool answered = true;
 
 	PG_TRY();
 	{
@@ -80,13 +117,27 @@ reservation_refund(Reservation *reservation)
 			decision_refund_local(&reservation->request);
 		else
 		{
-			decision_run(&reservation->request, &decision);
-			if (decision.source != DECISION_SOURCE_REDIS)
+			const char *reason = NULL;
+
+			if (strcmp(reservation->redis_url, rl_redis_url ? rl_redis_url : "") != 0)
+				reason = "ratelimit.redis_url changed since";
+			else if (give_up)
+				reason = "Redis did not answer an earlier refund";
+			else
+			{
+				decision_run(&reservation->request, &decision);
+				if (decision.source != DECISION_SOURCE_REDIS)
+				{
+					reason = "Redis did not answer";
+					answered = false;
+				}
+			}
+			if (reason != NULL)
 				ereport(LOG,
 						(errhidestmt(true),
 						 errhidecontext(true),
-						 errmsg("ratelimit: a reservation of policy \"%s\" may not have been refunded: Redis did not answer",
-								policy)));
+						 errmsg("ratelimit: a reservation of policy \"%s\" may not have been refunded: %s",
+								policy, reason)));
 		}
 	}
 	PG_CATCH();
@@ -97,8 +148,10 @@ reservation_refund(Reservation *reservation)
 				(errhidestmt(true),
 				 errhidecontext(true),
 				 errmsg("ratelimit: a reservation of policy \"%s\" may not have been refunded", policy)));
+		answered = false;
 	}
 	PG_END_TRY();
+	return answered;
 }
 
 /* Refunds the reservations of subtransaction from and later ones (all: Invalid). */
@@ -107,8 +160,8 @@ reservations_refund(SubTransactionId from)
 {
 	List	   *kept = NIL;
 	ListCell   *cell;
-
 	MemoryContext old_context;
+	bool		give_up = false;
 
 	if (reservations == NIL)
 		return;
@@ -119,7 +172,11 @@ reservations_refund(SubTransactionId from)
 		Reservation *reservation = lfirst(cell);
 
 		if (from == InvalidSubTransactionId || reservation->subxact >= from)
-			reservation_refund(reservation);
+		{
+			if (!reservation_refund(reservation, give_up))
+				give_up = true;
+			reservation_free(reservation);
+		}
 		else
 			kept = lappend(kept, reservation);
 	}

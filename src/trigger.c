@@ -215,6 +215,11 @@ rl_limit_trigger(PG_FUNCTION_ARGS)
 		charge_statement(fcinfo, trigdata, &args);
 		return PointerGetDatum(NULL);
 	}
+	if (TRIGGER_FIRED_INSTEAD(trigdata->tg_event))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("rl_limit_trigger cannot be an INSTEAD OF trigger"),
+				 errhint("Use BEFORE or AFTER.")));
 	if (TRIGGER_FIRED_BY_DELETE(trigdata->tg_event))
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
