@@ -43,27 +43,7 @@ sub pgbench
 	my ($name, $script, $transactions) = @_;
 	my $file = "$dir/$name.sql";
 	append_to_file($file, $script);
-	my ($out, $err) = ('', '');
-	my $ok = IPC::Run::run(
-		[
-			'pgbench', '-n',
-			'-h' => $node->host,
-			'-p' => $node->port,
-			'-c' => $clients,
-			'-j' => 4,
-			'-t' => $transactions,
-			'-f' => $file,
-			'postgres'
-		],
-		'<', \undef, '>', \$out, '2>', \$err,
-		IPC::Run::timeout(180));
-	note "pgbench $name:\n$out\n$err";
-	ok($ok, "pgbench $name exits 0");
-	my $expected = $clients * $transactions;
-	like(
-		$out,
-		qr/number of transactions actually processed: $expected\/$expected/,
-		"pgbench $name: all $expected transactions ran");
+	run_pgbench($node, $name, $file, $clients, $transactions);
 	return;
 }
 

@@ -25,7 +25,7 @@ use PostgreSQL::Test::Utils;
 our @EXPORT = qw(
   redis_start fake_redis_start rl_node session
   decision_sql parse_decision consume quote_literal sqlstate_of
-  log_offset log_since wait_for_log timed
+  log_offset log_since wait_for_log timed run_pgbench
 );
 
 # Processes (redis-server, fake servers) to kill at END, by pid.
@@ -128,6 +128,35 @@ sub timed
 	my $start = time;
 	my @result = $code->();
 	return (time - $start, @result);
+}
+
+# Runs pgbench on node: clients sessions, each running the script file transactions
+# times; checks that it exits 0 and that every transaction ran.
+sub run_pgbench
+{
+	my ($node, $name, $file, $clients, $transactions) = @_;
+	my ($out, $err) = ('', '');
+	my $ok = IPC::Run::run(
+		[
+			'pgbench', '-n',
+			'-h' => $node->host,
+			'-p' => $node->port,
+			'-c' => $clients,
+			'-j' => 4,
+			'-t' => $transactions,
+			'-f' => $file,
+			'postgres'
+		],
+		'<', \undef, '>', \$out, '2>', \$err,
+		IPC::Run::timeout(180));
+	note "pgbench $name:\n$out\n$err";
+	ok($ok, "pgbench $name exits 0");
+	my $expected = $clients * $transactions;
+	like(
+		$out,
+		qr/number of transactions actually processed: $expected\/$expected/,
+		"pgbench $name: all $expected transactions ran");
+	return $out;
 }
 
 # The size of node's log, to read what comes after it.
