@@ -116,9 +116,91 @@ CREATE TRIGGER rl_policy_invalidate
     AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON @extschema@.rl_policy
     FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.rl_policy_invalidate();
 
+-- The audit trail: every insert, update, delete and truncate of a policy, with the old
+-- and new rows, the role, the time and the transaction. Written by the extension only.
+CREATE SEQUENCE @extschema@.rl_policy_history_id_seq;
+CREATE TABLE @extschema@.rl_policy_history (
+    id        bigint PRIMARY KEY DEFAULT nextval('@extschema@.rl_policy_history_id_seq'),
+    at        timestamptz NOT NULL DEFAULT now(),
+    role      text NOT NULL,
+    xid       xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    action    text NOT NULL CHECK (action IN ('INSERT', 'UPDATE', 'DELETE', 'TRUNCATE')),
+    object    text NOT NULL DEFAULT 'policy',
+    name      text NOT NULL,
+    old       jsonb,
+    new       jsonb
+);
+ALTER SEQUENCE @extschema@.rl_policy_history_id_seq OWNED BY @extschema@.rl_policy_history.id;
+COMMENT ON TABLE @extschema@.rl_policy_history IS 'every change of a policy: written by the extension';
+
+-- Records one change. SECURITY DEFINER: no role needs (or gets) a right on the history.
+-- The role recorded is the one that made the change (SET ROLE, else the session's).
+CREATE FUNCTION @extschema@.rl_policy_record() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    who text := coalesce(nullif(current_setting('role'), 'none'), session_user::text);
+    row record;
+BEGIN
+    IF TG_RELID <> '@extschema@.rl_policy'::regclass THEN
+        RAISE EXCEPTION 'rl_policy_record is a trigger of rl_policy only'
+            USING ERRCODE = 'trigger_protocol_violated';
+    END IF;
+    IF TG_OP = 'TRUNCATE' THEN
+        -- Before the truncate the rows are still there: record each.
+        FOR row IN SELECT * FROM @extschema@.rl_policy LOOP
+            INSERT INTO @extschema@.rl_policy_history (role, action, name, old)
+            VALUES (who, 'TRUNCATE', row.name, to_jsonb(row));
+        END LOOP;
+        RETURN NULL;
+    END IF;
+    INSERT INTO @extschema@.rl_policy_history (role, action, name, old, new)
+    VALUES (who, TG_OP, CASE WHEN TG_OP = 'DELETE' THEN OLD.name ELSE NEW.name END,
+            CASE WHEN TG_OP <> 'INSERT' THEN to_jsonb(OLD) END,
+            CASE WHEN TG_OP <> 'DELETE' THEN to_jsonb(NEW) END);
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER rl_policy_record
+    AFTER INSERT OR UPDATE OR DELETE ON @extschema@.rl_policy
+    FOR EACH ROW EXECUTE FUNCTION @extschema@.rl_policy_record();
+CREATE TRIGGER rl_policy_record_truncate
+    BEFORE TRUNCATE ON @extschema@.rl_policy
+    FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.rl_policy_record();
+
+-- Defines or changes a token-bucket policy in words close to the requirement:
+--   SELECT rl_define('api.write', 120, per => '1 minute', burst => 200, fail_mode => 'closed');
+-- amount tokens per `per`, bursts of `burst` (default: amount). On a change, arguments left
+-- NULL keep their value. The table's constraints check it like any INSERT or UPDATE, and the
+-- caller needs the same rights on rl_policy.
+CREATE FUNCTION @extschema@.rl_define(name text, amount bigint, per interval,
+                                      burst bigint DEFAULT NULL, fail_mode text DEFAULT NULL,
+                                      idle_ttl interval DEFAULT NULL,
+                                      local_share numeric DEFAULT NULL)
+RETURNS @extschema@.rl_policy
+LANGUAGE sql
+BEGIN ATOMIC
+    INSERT INTO @extschema@.rl_policy AS p
+        (name, algorithm, capacity, refill_amount, refill_period, idle_ttl, fail_mode, local_share)
+    VALUES (rl_define.name, 'token_bucket', coalesce(rl_define.burst, rl_define.amount),
+            rl_define.amount, rl_define.per, rl_define.idle_ttl,
+            coalesce(rl_define.fail_mode, 'closed'), coalesce(rl_define.local_share, 1))
+    ON CONFLICT (name) DO UPDATE
+    SET algorithm = 'token_bucket',
+        capacity = coalesce(rl_define.burst, rl_define.amount),
+        refill_amount = rl_define.amount,
+        refill_period = rl_define.per,
+        idle_ttl = coalesce(rl_define.idle_ttl, p.idle_ttl),
+        fail_mode = coalesce(rl_define.fail_mode, p.fail_mode),
+        local_share = coalesce(rl_define.local_share, p.local_share)
+    RETURNING *;
+END;
+
 -- pg_dump keeps the user's policies and the version counter.
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.rl_policy', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.rl_policy_version_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.rl_policy_history', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.rl_policy_history_id_seq', '');
 
 CREATE TYPE @extschema@.rl_decision AS (
     allowed        boolean,
@@ -222,6 +304,9 @@ REVOKE ALL ON SEQUENCE @extschema@.rl_policy_version_seq FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.rl_health() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.rl_health() TO pg_monitor;
 REVOKE ALL ON FUNCTION @extschema@.rl_local_available() FROM PUBLIC;
+REVOKE ALL ON @extschema@.rl_policy_history FROM PUBLIC;
+REVOKE ALL ON SEQUENCE @extschema@.rl_policy_history_id_seq FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.rl_policy_record() FROM PUBLIC;
 -- Nobody may attach the trigger functions to a table of their own.
 REVOKE ALL ON FUNCTION @extschema@.rl_policy_set_version() FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.rl_policy_invalidate() FROM PUBLIC;
