@@ -49,6 +49,8 @@ CREATE TABLE @extschema@.rl_policy (
     idle_ttl      interval,
     fail_mode     text NOT NULL DEFAULT 'closed'
                   CONSTRAINT rl_policy_fail_mode_check CHECK (fail_mode IN ('open', 'closed', 'local')),
+    mode          text NOT NULL DEFAULT 'enforce'
+                  CONSTRAINT rl_policy_mode_check CHECK (mode IN ('enforce', 'shadow', 'disabled')),
     local_share   numeric NOT NULL DEFAULT 1
                   CONSTRAINT rl_policy_local_share_check CHECK (local_share >= 0.000001 AND local_share <= 1),
     version       integer NOT NULL DEFAULT 0,

@@ -343,11 +343,16 @@ decision_run(const DecisionRequest *request, Decision *decision)
 	decision->version = policy->version;
 	decision->capacity = policy->bucket.capacity;
 
+	if (request->mode != BUCKET_REFUND && decision_disabled(policy, decision))
+		return;
+
 	/* While the breaker is open, Redis is not asked at all. */
 	answered = breaker_call(decide_by_redis, &ask, &failure);
 	log_redis_health(policy, answered, &failure);
 	if (!answered)
 		decide_by_fail_mode(request, decision);
+	if (request->mode != BUCKET_REFUND)
+		decision_shadow(policy, decision);
 }
 
 /*
@@ -414,6 +419,34 @@ retry_after_detail(const Decision *decision)
 }
 
 /*
+ * For a disabled policy, fills an "allowed, nothing counted" decision and
+ * returns true: nothing more is to be asked.
+ */
+bool
+decision_disabled(const Policy *policy, Decision *decision)
+{
+	if (policy->mode != POLICY_MODE_DISABLED)
+		return false;
+	decision->allowed = true;
+	decision->remaining = policy->bucket.capacity;
+	decision->retry_after_ms = 0;
+	decision->reset_after_ms = 0;
+	decision->source = DECISION_SOURCE_DISABLED;
+	return true;
+}
+
+/* For a shadow policy, turns a denial into a grant whose source says it would have denied. */
+void
+decision_shadow(const Policy *policy, Decision *decision)
+{
+	if (policy->mode == POLICY_MODE_SHADOW && !decision->allowed)
+	{
+		decision->allowed = true;
+		decision->source = DECISION_SOURCE_SHADOW;
+	}
+}
+
+/*
  * Raises rl_enforce's error for a denial: RL503 when Redis could not answer
  * and the policy fails closed, RL429 for a quota denial. Nothing for a grant.
  */
@@ -449,6 +482,10 @@ decision_source_name(DecisionSource source)
 			return "local";
 		case DECISION_SOURCE_FAIL_OPEN:
 			return "fail_open";
+		case DECISION_SOURCE_SHADOW:
+			return "shadow";
+		case DECISION_SOURCE_DISABLED:
+			return "disabled";
 		case DECISION_SOURCE_FAIL_CLOSED:
 			break;
 	}

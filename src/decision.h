@@ -17,7 +17,9 @@ typedef enum DecisionSource
 	DECISION_SOURCE_REDIS,
 	DECISION_SOURCE_LOCAL,
 	DECISION_SOURCE_FAIL_OPEN,
-	DECISION_SOURCE_FAIL_CLOSED
+	DECISION_SOURCE_FAIL_CLOSED,
+	DECISION_SOURCE_SHADOW,		/* a shadow policy would have denied: allowed anyway */
+	DECISION_SOURCE_DISABLED	/* a disabled policy: allowed, nothing counted */
 } DecisionSource;
 
 typedef struct Decision
@@ -62,6 +64,8 @@ extern bool decision_local_possible(const DecisionRequest *request);
 extern void decision_local(const DecisionRequest *request, BucketMode mode, Decision *decision);
 extern bool decision_reset(const DecisionRequest *request);
 extern void decision_enforce(const Decision *decision);
+extern bool decision_disabled(const Policy *policy, Decision *decision);
+extern void decision_shadow(const Policy *policy, Decision *decision);
 extern bool decision_from_reply(const long long *results, Decision *decision,
 								RedisFailure *failure);
 extern void decision_make(FunctionCallInfo fcinfo, BucketMode mode, Decision *decision);

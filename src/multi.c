@@ -71,6 +71,25 @@ multi_redis(void *arg, RedisFailure *failure)
 	return answered;
 }
 
+/* True when Redis denied the group and every check that was short is a shadow one. */
+static bool
+multi_only_shadow_short(const MultiCall *call)
+{
+	bool		any_short = false;
+
+	for (int i = 0; i < call->count; i++)
+	{
+		const Decision *decision = &call->decisions[i];
+
+		if (decision->allowed || decision->retry_after_ms == 0)
+			continue;
+		if (call->requests[i].policy.mode != POLICY_MODE_SHADOW)
+			return false;
+		any_short = true;
+	}
+	return any_short;
+}
+
 /* Decides the group by each check's fail mode, all or nothing. */
 static void
 multi_fail_mode(MultiCall *call)
@@ -78,12 +97,16 @@ multi_fail_mode(MultiCall *call)
 	int			taken = 0;
 	bool		denied = false;
 
-	/* A 'closed' check (or a 'local' one without a usable local bucket) closes the group. */
+	/*
+	 * A 'closed' check (or a 'local' one without a usable local bucket) closes
+	 * the group, unless its policy is disabled or in shadow mode: those never deny.
+	 */
 	for (int i = 0; i < call->count; i++)
 	{
 		const Policy *policy = &call->requests[i].policy;
 
-		if (policy->fail_mode != FAIL_MODE_OPEN && !decision_local_possible(&call->requests[i]))
+		if (policy->fail_mode != FAIL_MODE_OPEN && policy->mode == POLICY_MODE_ENFORCE &&
+			!decision_local_possible(&call->requests[i]))
 			denied = true;
 	}
 	for (int i = 0; !denied && i < call->count; i++)
@@ -96,13 +119,21 @@ multi_fail_mode(MultiCall *call)
 			decision->source = DECISION_SOURCE_FAIL_OPEN;
 			continue;
 		}
+		if (!decision_local_possible(&call->requests[i]))
+		{
+			/* A shadow or disabled check that fails closed: its mode decides later. */
+			decision->allowed = false;
+			decision->source = DECISION_SOURCE_FAIL_CLOSED;
+			decision->retry_after_ms = breaker_retry_after_ms();
+			continue;
+		}
 		decision_local(&call->requests[i], BUCKET_TAKE, decision);
-		if (!decision->allowed)
+		taken = i + 1;
+		if (!decision->allowed && call->requests[i].policy.mode == POLICY_MODE_ENFORCE)
 		{
 			denied = true;
 			break;
 		}
-		taken = i + 1;
 	}
 	if (!denied)
 		return;
@@ -112,7 +143,8 @@ multi_fail_mode(MultiCall *call)
 	{
 		Decision	refund;
 
-		if (call->decisions[i].source == DECISION_SOURCE_LOCAL)
+		/* Only what was taken goes back: a short bucket took nothing. */
+		if (call->decisions[i].source == DECISION_SOURCE_LOCAL && call->decisions[i].allowed)
 		{
 			decision_local(&call->requests[i], BUCKET_REFUND, &refund);
 			call->decisions[i].remaining = refund.remaining;
@@ -232,10 +264,37 @@ rl_consume_all(PG_FUNCTION_ARGS)
 
 	/* Checked before anything is charged: a context that takes no set fails here. */
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	/* A disabled policy counts nothing: its check takes 0 tokens. */
+	for (int i = 0; i < call.count; i++)
+		if (call.requests[i].policy.mode == POLICY_MODE_DISABLED)
+			call.requests[i].cost = 0;
 	answered = breaker_call(multi_redis, &call, &failure);
+	if (answered && multi_only_shadow_short(&call))
+	{
+		/*
+		 * Only shadow checks were short: they must not stop the others. Ask again
+		 * without them; their own answers (denials, let through) are kept.
+		 */
+		Decision   *kept = palloc(call.count * sizeof(Decision));
+
+		memcpy(kept, call.decisions, call.count * sizeof(Decision));
+		for (int i = 0; i < call.count; i++)
+			if (!kept[i].allowed && kept[i].retry_after_ms > 0)
+				call.requests[i].cost = 0;
+		answered = breaker_call(multi_redis, &call, &failure);
+		for (int i = 0; answered && i < call.count; i++)
+			if (!kept[i].allowed && kept[i].retry_after_ms > 0)
+				call.decisions[i] = kept[i];
+	}
 	log_redis_health(&call.requests[0].policy, answered, &failure);
 	if (!answered)
 		multi_fail_mode(&call);
+	/* Modes apply to each check's answer: shadow lets a denial through, disabled everything. */
+	for (int i = 0; i < call.count; i++)
+	{
+		if (!decision_disabled(&call.requests[i].policy, &call.decisions[i]))
+			decision_shadow(&call.requests[i].policy, &call.decisions[i]);
+	}
 
 	for (int i = 0; i < call.count; i++)
 	{

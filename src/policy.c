@@ -127,6 +127,7 @@ policy_cache_load(Oid relid)
 				refill_period_col,
 				idle_ttl_col,
 				fail_mode_col,
+				mode_col,
 				local_share_col,
 				version_col;
 
@@ -148,6 +149,7 @@ policy_cache_load(Oid relid)
 	refill_period_col = policy_attnum(rel, "refill_period");
 	idle_ttl_col = policy_attnum(rel, "idle_ttl");
 	fail_mode_col = policy_attnum(rel, "fail_mode");
+	mode_col = policy_attnum(rel, "mode");
 	local_share_col = policy_attnum(rel, "local_share");
 	version_col = policy_attnum(rel, "version");
 
@@ -175,6 +177,13 @@ policy_cache_load(Oid relid)
 		policy->version = DatumGetInt32(values[version_col]);
 		fail_mode = TextDatumGetCString(values[fail_mode_col]);
 		policy->fail_mode = parse_fail_mode(fail_mode);
+		{
+			char	   *mode = TextDatumGetCString(values[mode_col]);
+
+			policy->mode = strcmp(mode, "shadow") == 0 ? POLICY_MODE_SHADOW :
+				strcmp(mode, "disabled") == 0 ? POLICY_MODE_DISABLED : POLICY_MODE_ENFORCE;
+			pfree(mode);
+		}
 		idle_ttl_ms = nulls[idle_ttl_col] ? 0 :
 			interval_ms(DatumGetIntervalP(values[idle_ttl_col]));
 		capacity = DatumGetInt64(values[capacity_col]);

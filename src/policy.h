@@ -20,12 +20,21 @@ typedef enum Algorithm
 	ALGORITHM_CONCURRENCY
 } Algorithm;
 
+/* What a policy's decisions do: count and deny, count and only say so, or nothing. */
+typedef enum PolicyMode
+{
+	POLICY_MODE_ENFORCE,
+	POLICY_MODE_SHADOW,
+	POLICY_MODE_DISABLED
+} PolicyMode;
+
 typedef struct Policy
 {
 	char		name[NAMEDATALEN];	/* hash key; the table allows at most 63 bytes */
 	int32		version;
 	Algorithm	algorithm;
 	FailMode	fail_mode;
+	PolicyMode	mode;
 	bool		usable;			/* false: the row is outside the bucket's bounds */
 	BucketParams bucket;		/* concurrency: only capacity and ttl_ms (the lease TTL) */
 	/* The local fallback bucket: capacity and refill scaled by local_share. */
