@@ -92,18 +92,6 @@ $node->safe_psql(
 my $dir = PostgreSQL::Test::Utils::tempdir();
 my $mon = session($node, user => 'rl_mon');
 
-my @health_fields =
-  qw(redis_reachable since breaker retry_in_ms last_error local_buckets_in_use local_buckets shared);
-
-# rl_health() as the pg_monitor member sees it, as a hash.
-sub health
-{
-	my @values = split /\|/, $mon->query_ok('SELECT * FROM rl_health()'), -1;
-	my %health;
-	@health{@health_fields} = @values;
-	return \%health;
-}
-
 # Starts pgbench on script (text) with options (a list); returns a handle for
 # pgbench_finish.
 my $scripts = 0;
@@ -153,7 +141,7 @@ sub pg_time
 ### Redis killed (SIGKILL) under load, then started again on the same port.
 ###
 
-my $in_use_before = health()->{local_buckets_in_use};
+my $in_use_before = health($mon)->{local_buckets_in_use};
 my $bench = pgbench_start(
 	q{INSERT INTO decisions
   SELECT v.p, d.source, d.allowed, clock_timestamp()
@@ -170,7 +158,7 @@ my @samples;
 usleep(300_000);
 while (time < $killed + 2.8)
 {
-	push @samples, health();
+	push @samples, health($mon);
 	usleep(100_000);
 }
 ok(!(grep { $_->{breaker} ne 'open' } @samples),
@@ -227,7 +215,7 @@ my ($after_recovery) = $node->safe_psql('postgres',
 	  . pg_time($restart_called + $recovery + 0.5));
 note "decisions from 0.5 s after recovery: not by Redis|all = $after_recovery";
 
-my $h = health();
+my $h = health($mon);
 is_deeply([ @$h{qw(breaker redis_reachable retry_in_ms shared)} ],
 	[ 'closed', 't', 0, 't' ], 'rl_health() after recovery: closed, reachable')
   or diag explain $h;

@@ -36,19 +36,6 @@ $node->safe_psql(
 # A subject that must never reach the server log.
 my $subject = 'subj_err_q7x';
 
-my @health_fields =
-  qw(redis_reachable since breaker retry_in_ms last_error local_buckets_in_use local_buckets shared);
-
-# rl_health() in session s, as a hash.
-sub health
-{
-	my ($s) = @_;
-	my @values = split /\|/, $s->query_ok('SELECT * FROM rl_health()'), -1;
-	my %health;
-	@health{@health_fields} = @values;
-	return \%health;
-}
-
 # Checks that decision d came from policy's fail mode, without error.
 sub is_fail_mode
 {

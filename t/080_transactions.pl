@@ -63,14 +63,6 @@ sub bucket_key
 	return "rl:postgres:v$version{$policy}:{$subject}:$policy";
 }
 
-# Waits until no backend has pid (true), or 10 s (false).
-sub backend_gone
-{
-	my ($pid) = @_;
-	return $node->poll_query_until('postgres',
-		"SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = $pid");
-}
-
 ###
 ### A backend terminated in the middle of a transaction refunds its reservations.
 ###
@@ -93,7 +85,7 @@ my $victim_pid = $victim->pid;
 # process array, which it does after aborting its transaction.
 is($node->safe_psql('postgres', "SELECT pg_terminate_backend($victim_pid, 10000)"),
 	't', 'pg_terminate_backend ended the backend');
-ok(backend_gone($victim_pid), 'the terminated backend is gone');
+ok(backend_gone($node, $victim_pid), 'the terminated backend is gone');
 $victim->quit;
 is(peek('tx_kill', $kill_subject), '10|redis',
 	'the terminated backend refunded all three reservations on its way out');
@@ -154,7 +146,7 @@ is($leaver->query_ok("SELECT remaining FROM rl_reserve('tx_kill', 'leaver_subjec
 	'3', 'leaver: 7 reserved');
 my $leaver_pid = $leaver->pid;
 $leaver->quit;
-ok(backend_gone($leaver_pid), 'the backend of the client that went away ended');
+ok(backend_gone($node, $leaver_pid), 'the backend of the client that went away ended');
 is(peek('tx_kill', 'leaver_subject'), '10|redis',
 	'its reservation was refunded when the backend ended');
 

@@ -25,7 +25,7 @@ use PostgreSQL::Test::Utils;
 our @EXPORT = qw(
   redis_start fake_redis_start rl_node session
   decision_sql parse_decision consume quote_literal sqlstate_of
-  log_offset log_since wait_for_log timed run_pgbench
+  log_offset log_since wait_for_log timed run_pgbench backend_gone health
 );
 
 # Processes (redis-server, fake servers) to kill at END, by pid.
@@ -128,6 +128,26 @@ sub timed
 	my $start = time;
 	my @result = $code->();
 	return (time - $start, @result);
+}
+
+# Waits until node has no backend pid (true), or 10 s (false).
+sub backend_gone
+{
+	my ($node, $pid) = @_;
+	return $node->poll_query_until('postgres',
+		"SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = $pid");
+}
+
+# rl_health() in session s, as a hash by column name.
+sub health
+{
+	my ($s) = @_;
+	my @fields = qw(redis_reachable since breaker retry_in_ms last_error
+	  local_buckets_in_use local_buckets shared);
+	my @values = split /\|/, $s->query_ok('SELECT * FROM rl_health()'), -1;
+	my %health;
+	@health{@fields} = @values;
+	return \%health;
 }
 
 # Runs pgbench on node: clients sessions, each running the script file transactions
