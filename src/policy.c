@@ -199,30 +199,28 @@ policy_cache_load(Oid relid)
 			policy->bucket.ttl_ms = idle_ttl_ms;
 			policy->usable = capacity > 0 && idle_ttl_ms > 0;
 			policy->local_usable = false;
-			pfree(fail_mode);
-			pfree(name);
-			pfree(values);
-			pfree(nulls);
-			continue;
 		}
-		refill_amount = nulls[refill_amount_col] ? 0 : DatumGetInt64(values[refill_amount_col]);
-		period_ms = nulls[refill_period_col] ? 0 :
-			interval_ms(DatumGetIntervalP(values[refill_period_col]));
-		policy->usable = bucket_params_init(&policy->bucket, capacity, refill_amount,
-											period_ms, idle_ttl_ms);
+		else
+		{
+			refill_amount = nulls[refill_amount_col] ? 0 : DatumGetInt64(values[refill_amount_col]);
+			period_ms = nulls[refill_period_col] ? 0 :
+				interval_ms(DatumGetIntervalP(values[refill_period_col]));
+			policy->usable = bucket_params_init(&policy->bucket, capacity, refill_amount,
+												period_ms, idle_ttl_ms);
 
-		/*
-		 * The local bucket holds local_share of the capacity (at least one token)
-		 * and refills local_share as fast, by a period stretched and rounded up:
-		 * rounding never gives more than the share.
-		 */
-		share = DatumGetFloat8(DirectFunctionCall1(numeric_float8_no_overflow,
-												   values[local_share_col]));
-		policy->local_usable = share >= 0.000001 && share <= 1 &&
-			period_ms / share < (double) BUCKET_EXACT_LIMIT &&
-			bucket_params_init(&policy->local_bucket,
-							   Max((int64) floor(capacity * share), 1), refill_amount,
-							   (int64) ceil(period_ms / share), 0);
+			/*
+			 * The local bucket holds local_share of the capacity (at least one
+			 * token) and refills local_share as fast, by a period stretched and
+			 * rounded up: rounding never gives more than the share.
+			 */
+			share = DatumGetFloat8(DirectFunctionCall1(numeric_float8_no_overflow,
+													   values[local_share_col]));
+			policy->local_usable = share >= 0.000001 && share <= 1 &&
+				period_ms / share < (double) BUCKET_EXACT_LIMIT &&
+				bucket_params_init(&policy->local_bucket,
+								   Max((int64) floor(capacity * share), 1), refill_amount,
+								   (int64) ceil(period_ms / share), 0);
+		}
 		pfree(fail_mode);
 		pfree(name);
 		pfree(values);
