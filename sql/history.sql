@@ -27,7 +27,7 @@ SELECT expect_error($$DELETE FROM rl_policy_history$$);
 RESET ROLE;
 BEGIN;
 DELETE FROM rl_policy WHERE name NOT LIKE 'hist.%';
-TRUNCATE rl_policy;
+TRUNCATE rl_policy CASCADE;
 ROLLBACK;
 DELETE FROM rl_policy WHERE name = 'hist.admin';
 

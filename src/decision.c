@@ -274,7 +274,8 @@ decision_request_check(Oid function_oid, const char *name, const char *subject,
 	request->policy = *policy;	/* a copy: the cache may be reloaded later */
 	request->subject = subject;
 	request->length = length;
-	return policy;
+	policy_apply_override(&request->policy, subject, length, decision_now_ms());
+	return &request->policy;
 }
 
 /*
@@ -343,8 +344,11 @@ decision_run(const DecisionRequest *request, Decision *decision)
 	decision->version = policy->version;
 	decision->capacity = policy->bucket.capacity;
 
-	if (request->mode != BUCKET_REFUND && decision_disabled(policy, decision))
+	if (request->mode != BUCKET_REFUND && decision_fixed(policy, decision))
+	{
+		decision_shadow(policy, decision);
 		return;
+	}
 
 	/* While the breaker is open, Redis is not asked at all. */
 	answered = breaker_call(decide_by_redis, &ask, &failure);
@@ -419,19 +423,23 @@ retry_after_detail(const Decision *decision)
 }
 
 /*
- * For a disabled policy, fills an "allowed, nothing counted" decision and
- * returns true: nothing more is to be asked.
+ * For a decision that needs no bucket, fills it and returns true: a disabled
+ * policy allows and counts nothing; an 'allow' override allows and a 'deny'
+ * override denies (until it expires), counting nothing. The caller applies the
+ * shadow mode afterwards.
  */
 bool
-decision_disabled(const Policy *policy, Decision *decision)
+decision_fixed(const Policy *policy, Decision *decision)
 {
-	if (policy->mode != POLICY_MODE_DISABLED)
+	if (policy->mode != POLICY_MODE_DISABLED && policy->override != OVERRIDE_ALLOW &&
+		policy->override != OVERRIDE_DENY)
 		return false;
-	decision->allowed = true;
-	decision->remaining = policy->bucket.capacity;
-	decision->retry_after_ms = 0;
+	decision->allowed = policy->override != OVERRIDE_DENY || policy->mode == POLICY_MODE_DISABLED;
+	decision->remaining = decision->allowed ? policy->bucket.capacity : 0;
+	decision->retry_after_ms = decision->allowed ? 0 : policy->override_retry_ms;
 	decision->reset_after_ms = 0;
-	decision->source = DECISION_SOURCE_DISABLED;
+	decision->source = policy->mode == POLICY_MODE_DISABLED ?
+		DECISION_SOURCE_DISABLED : DECISION_SOURCE_OVERRIDE;
 	return true;
 }
 
@@ -486,6 +494,8 @@ decision_source_name(DecisionSource source)
 			return "shadow";
 		case DECISION_SOURCE_DISABLED:
 			return "disabled";
+		case DECISION_SOURCE_OVERRIDE:
+			return "override";
 		case DECISION_SOURCE_FAIL_CLOSED:
 			break;
 	}

@@ -19,7 +19,8 @@ typedef enum DecisionSource
 	DECISION_SOURCE_FAIL_OPEN,
 	DECISION_SOURCE_FAIL_CLOSED,
 	DECISION_SOURCE_SHADOW,		/* a shadow policy would have denied: allowed anyway */
-	DECISION_SOURCE_DISABLED	/* a disabled policy: allowed, nothing counted */
+	DECISION_SOURCE_DISABLED,	/* a disabled policy: allowed, nothing counted */
+	DECISION_SOURCE_OVERRIDE	/* the subject's 'allow' or 'deny' override */
 } DecisionSource;
 
 typedef struct Decision
@@ -64,7 +65,7 @@ extern bool decision_local_possible(const DecisionRequest *request);
 extern void decision_local(const DecisionRequest *request, BucketMode mode, Decision *decision);
 extern bool decision_reset(const DecisionRequest *request);
 extern void decision_enforce(const Decision *decision);
-extern bool decision_disabled(const Policy *policy, Decision *decision);
+extern bool decision_fixed(const Policy *policy, Decision *decision);
 extern void decision_shadow(const Policy *policy, Decision *decision);
 extern bool decision_from_reply(const long long *results, Decision *decision,
 								RedisFailure *failure);

@@ -304,8 +304,11 @@ lease_peek(const DecisionRequest *request, Decision *decision)
 	char	   *key = lease_key(request);
 
 	lease_decision_init(&request->policy, decision);
-	if (decision_disabled(&request->policy, decision))
+	if (decision_fixed(&request->policy, decision))
+	{
+		decision_shadow(&request->policy, decision);
 		return;
+	}
 	if (!lease_call(&request->policy, key, "", "peek", decision, NULL))
 		lease_fail_mode(&request->policy, decision);
 	decision_shadow(&request->policy, decision);
@@ -383,9 +386,10 @@ rl_acquire(PG_FUNCTION_ARGS)
 	MemoryContextSwitchTo(old_context);
 
 	lease_decision_init(&request.policy, &decision);
-	if (decision_disabled(&request.policy, &decision))
+	if (decision_fixed(&request.policy, &decision))
 	{
 		lease_forget(lease);
+		decision_shadow(&request.policy, &decision);
 		return decision_to_datum(fcinfo, &decision);
 	}
 	if (!lease_call(&request.policy, lease->key, lease->id, "acquire", &decision, &unsure))

@@ -34,6 +34,7 @@ typedef struct MultiCall
 	int			count;
 	DecisionRequest *requests;
 	Decision   *decisions;
+	bool		peek;			/* a 'deny' override denies the group: only look */
 } MultiCall;
 
 /* Runs every check in one script call; true with the decisions filled when Redis answered. */
@@ -62,7 +63,7 @@ multi_redis(void *arg, RedisFailure *failure)
 		args[7 * i + 3] = psprintf(INT64_FORMAT, request->cost);
 		args[7 * i + 4] = psprintf(INT64_FORMAT, bucket->ttl_ms);
 		args[7 * i + 5] = rl_test_clock_ms ? rl_test_clock_ms : "";
-		args[7 * i + 6] = "take";
+		args[7 * i + 6] = call->peek ? "peek" : "take";
 	}
 	answered = redis_run_script(&token_bucket_script, count, keys, 7 * count, args,
 								results, 4 * count, failure);
@@ -264,12 +265,25 @@ rl_consume_all(PG_FUNCTION_ARGS)
 
 	/* Checked before anything is charged: a context that takes no set fails here. */
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
-	/* A disabled policy counts nothing: its check takes 0 tokens. */
+	/*
+	 * A check decided without a bucket (disabled policy, 'allow' or 'deny'
+	 * override) takes 0 tokens; an enforced 'deny' denies the whole group, so
+	 * the others are only looked at.
+	 */
+	call.peek = false;
 	for (int i = 0; i < call.count; i++)
-		if (call.requests[i].policy.mode == POLICY_MODE_DISABLED)
+	{
+		const Policy *policy = &call.requests[i].policy;
+
+		if (decision_fixed(policy, &call.decisions[i]))
+		{
 			call.requests[i].cost = 0;
+			if (!call.decisions[i].allowed && policy->mode == POLICY_MODE_ENFORCE)
+				call.peek = true;
+		}
+	}
 	answered = breaker_call(multi_redis, &call, &failure);
-	if (answered && multi_only_shadow_short(&call))
+	if (answered && !call.peek && multi_only_shadow_short(&call))
 	{
 		/*
 		 * Only shadow checks were short: they must not stop the others. Ask again
@@ -287,13 +301,23 @@ rl_consume_all(PG_FUNCTION_ARGS)
 				call.decisions[i] = kept[i];
 	}
 	log_redis_health(&call.requests[0].policy, answered, &failure);
-	if (!answered)
+	if (!answered && !call.peek)
 		multi_fail_mode(&call);
-	/* Modes apply to each check's answer: shadow lets a denial through, disabled everything. */
 	for (int i = 0; i < call.count; i++)
 	{
-		if (!decision_disabled(&call.requests[i].policy, &call.decisions[i]))
-			decision_shadow(&call.requests[i].policy, &call.decisions[i]);
+		Decision   *decision = &call.decisions[i];
+
+		/* A group a 'deny' override denied: nothing was taken. */
+		if (call.peek)
+		{
+			decision->allowed = false;
+			decision->retry_after_ms = 0;
+			if (!answered)
+				decision->source = DECISION_SOURCE_FAIL_CLOSED;
+		}
+		/* Fixed answers replace the bucket's; shadow lets a denial through. */
+		(void) decision_fixed(&call.requests[i].policy, decision);
+		decision_shadow(&call.requests[i].policy, decision);
 	}
 
 	for (int i = 0; i < call.count; i++)

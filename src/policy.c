@@ -1,12 +1,13 @@
 /*
  * policy.c
- *	  The per-backend cache of rl_policy rows.
+ *	  The per-backend cache of rl_policy and rl_override rows.
  *
- * A decision must not run SQL, so each backend keeps the policies in a hash
- * table. The table's statement trigger sends a relcache invalidation for
- * rl_policy on commit; our callback only marks the cache stale and the next
- * lookup reloads it (the pattern pg_cron uses). The reload reads the table
- * directly, so a role that may only call rl_consume needs no SELECT on it.
+ * A decision must not run SQL, so each backend keeps the policies and their
+ * per-subject overrides in hash tables. Each table's statement trigger sends a
+ * relcache invalidation on commit; our callback only marks the cache stale and
+ * the next lookup reloads both tables (the pattern pg_cron uses). The reload
+ * reads the tables directly, so a role that may only call rl_consume needs no
+ * SELECT on them.
  */
 #include "ratelimit.h"
 
@@ -15,6 +16,7 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "catalog/pg_type.h"
+#include "common/hashfn.h"
 #include <math.h>
 
 #include "commands/trigger.h"
@@ -35,16 +37,42 @@
 
 #include "policy.h"
 
+/*
+ * One override, found by a hash of (policy, subject) in override_cache; the
+ * rare overrides whose hashes collide are chained.
+ */
+typedef struct Override
+{
+	char		policy[NAMEDATALEN];
+	char	   *subject;
+	int			length;
+	OverrideAction action;
+	int32		version;
+	int64		capacity;
+	int64		refill_amount;	/* 0: none (allow, deny, concurrency) */
+	int64		period_ms;
+	int64		expires_ms;		/* ms since the epoch; 0: never */
+	struct Override *next;
+} Override;
+
+typedef struct OverrideEntry
+{
+	uint64		hash;			/* hash key */
+	Override   *first;
+} OverrideEntry;
+
 static HTAB *policy_cache = NULL;
+static HTAB *override_cache = NULL;	/* NULL while the extension has no rl_override */
 static MemoryContext policy_cache_context = NULL;
 static bool policy_cache_valid = false;
 static Oid	policy_relid = InvalidOid;
+static Oid	override_relid = InvalidOid;
 
-/* Marks the cache stale when rl_policy changes (or on a full cache reset). */
+/* Marks the cache stale when rl_policy or rl_override changes (or on a full reset). */
 static void
 policy_invalidate_callback(Datum arg, Oid relid)
 {
-	if (relid == InvalidOid || relid == policy_relid)
+	if (relid == InvalidOid || relid == policy_relid || relid == override_relid)
 		policy_cache_valid = false;
 }
 
@@ -89,7 +117,7 @@ policy_fail_mode_name(FailMode mode)
 	return "closed";
 }
 
-/* Index in a deformed row of rl_policy of the column called column. */
+/* Index in a deformed row of rel of the column called column. */
 static AttrNumber
 policy_attnum(Relation rel, const char *column)
 {
@@ -98,106 +126,88 @@ policy_attnum(Relation rel, const char *column)
 	if (attnum == InvalidAttrNumber)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("table rl_policy has no column \"%s\"", column),
+				 errmsg("table %s has no column \"%s\"", RelationGetRelationName(rel), column),
 				 errhint("Update the extension with ALTER EXTENSION ratelimit UPDATE.")));
 	return attnum - 1;
 }
 
 /*
- * Reads every row of rl_policy (locked by the caller) into a new cache, which
- * replaces the old one only once it is complete. A row outside the bounds
- * (possible only if someone dropped the table's constraints) is kept marked
- * unusable, so that it fails its own decisions and no others.
+ * Sets policy's local fallback bucket for a bucket of capacity, refilling
+ * refill_amount per period_ms: local_share of the capacity (at least one
+ * token), refilling local_share as fast by a period stretched and rounded up,
+ * so that rounding never gives more than the share.
  */
 static void
-policy_cache_load(Oid relid)
+policy_local_bucket(Policy *policy, int64 capacity, int64 refill_amount, int64 period_ms)
 {
-	MemoryContext context;
-	HASHCTL		hashctl = {0};
-	HTAB	   *cache;
-	Relation	rel;
-	TupleDesc	desc;
-	Snapshot	snapshot;
-	TableScanDesc scan;
+	double		share = policy->local_share;
+
+	policy->local_usable = share >= 0.000001 && share <= 1 &&
+		period_ms / share < (double) BUCKET_EXACT_LIMIT &&
+		bucket_params_init(&policy->local_bucket,
+						   Max((int64) floor(capacity * share), 1), refill_amount,
+						   (int64) ceil(period_ms / share), 0);
+}
+
+/*
+ * Reads every row of rl_policy (locked by the caller) into cache. A row outside
+ * the bounds (possible only if someone dropped the table's constraints) is kept
+ * marked unusable, so that it fails its own decisions and no others.
+ */
+static void
+load_policies(HTAB *cache, Oid relid, Snapshot snapshot)
+{
+	Relation	rel = table_open(relid, NoLock);
+	TupleDesc	desc = RelationGetDescr(rel);
+	int			name_col = policy_attnum(rel, "name"),
+				algorithm_col = policy_attnum(rel, "algorithm"),
+				capacity_col = policy_attnum(rel, "capacity"),
+				refill_amount_col = policy_attnum(rel, "refill_amount"),
+				refill_period_col = policy_attnum(rel, "refill_period"),
+				idle_ttl_col = policy_attnum(rel, "idle_ttl"),
+				fail_mode_col = policy_attnum(rel, "fail_mode"),
+				mode_col = policy_attnum(rel, "mode"),
+				local_share_col = policy_attnum(rel, "local_share"),
+				version_col = policy_attnum(rel, "version");
+	Datum	   *values = palloc(desc->natts * sizeof(Datum));
+	bool	   *nulls = palloc(desc->natts * sizeof(bool));
+	TableScanDesc scan = table_beginscan(rel, snapshot, 0, NULL);
 	HeapTuple	tuple;
-	int			name_col,
-				algorithm_col,
-				capacity_col,
-				refill_amount_col,
-				refill_period_col,
-				idle_ttl_col,
-				fail_mode_col,
-				mode_col,
-				local_share_col,
-				version_col;
 
-	/* Under the transaction's context until complete, so that an error frees it. */
-	context = AllocSetContextCreate(CurrentMemoryContext, "ratelimit policies",
-									ALLOCSET_SMALL_SIZES);
-	hashctl.keysize = NAMEDATALEN;
-	hashctl.entrysize = sizeof(Policy);
-	hashctl.hcxt = context;
-	cache = hash_create("ratelimit policies", 64, &hashctl,
-						HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
-
-	rel = table_open(relid, NoLock);
-	desc = RelationGetDescr(rel);
-	name_col = policy_attnum(rel, "name");
-	algorithm_col = policy_attnum(rel, "algorithm");
-	capacity_col = policy_attnum(rel, "capacity");
-	refill_amount_col = policy_attnum(rel, "refill_amount");
-	refill_period_col = policy_attnum(rel, "refill_period");
-	idle_ttl_col = policy_attnum(rel, "idle_ttl");
-	fail_mode_col = policy_attnum(rel, "fail_mode");
-	mode_col = policy_attnum(rel, "mode");
-	local_share_col = policy_attnum(rel, "local_share");
-	version_col = policy_attnum(rel, "version");
-
-	/* The latest snapshot: a change is seen from the moment it commits. */
-	snapshot = RegisterSnapshot(GetLatestSnapshot());
-	scan = table_beginscan(rel, snapshot, 0, NULL);
 	while ((tuple = heap_getnext(scan, ForwardScanDirection)) != NULL)
 	{
-		Datum	   *values = palloc(desc->natts * sizeof(Datum));
-		bool	   *nulls = palloc(desc->natts * sizeof(bool));
 		char	   *name;
-		char	   *fail_mode;
-		char	   *algorithm;
+		char	   *word;
 		Policy	   *policy;
-		bool		found;
-		int64		idle_ttl_ms;
 		int64		capacity;
 		int64		refill_amount;
 		int64		period_ms;
-		double		share;
 
 		heap_deform_tuple(tuple, desc, values, nulls);
 		name = TextDatumGetCString(values[name_col]);
-		policy = hash_search(cache, name, HASH_ENTER, &found);
+		policy = hash_search(cache, name, HASH_ENTER, NULL);
 		policy->version = DatumGetInt32(values[version_col]);
-		fail_mode = TextDatumGetCString(values[fail_mode_col]);
-		policy->fail_mode = parse_fail_mode(fail_mode);
-		{
-			char	   *mode = TextDatumGetCString(values[mode_col]);
-
-			policy->mode = strcmp(mode, "shadow") == 0 ? POLICY_MODE_SHADOW :
-				strcmp(mode, "disabled") == 0 ? POLICY_MODE_DISABLED : POLICY_MODE_ENFORCE;
-			pfree(mode);
-		}
-		idle_ttl_ms = nulls[idle_ttl_col] ? 0 :
-			interval_ms(DatumGetIntervalP(values[idle_ttl_col]));
-		capacity = DatumGetInt64(values[capacity_col]);
-		algorithm = TextDatumGetCString(values[algorithm_col]);
-		policy->algorithm = strcmp(algorithm, "concurrency") == 0 ?
+		word = TextDatumGetCString(values[fail_mode_col]);
+		policy->fail_mode = parse_fail_mode(word);
+		word = TextDatumGetCString(values[mode_col]);
+		policy->mode = strcmp(word, "shadow") == 0 ? POLICY_MODE_SHADOW :
+			strcmp(word, "disabled") == 0 ? POLICY_MODE_DISABLED : POLICY_MODE_ENFORCE;
+		word = TextDatumGetCString(values[algorithm_col]);
+		policy->algorithm = strcmp(word, "concurrency") == 0 ?
 			ALGORITHM_CONCURRENCY : ALGORITHM_TOKEN_BUCKET;
-		pfree(algorithm);
+		policy->idle_ttl_ms = nulls[idle_ttl_col] ? 0 :
+			interval_ms(DatumGetIntervalP(values[idle_ttl_col]));
+		policy->local_share = DatumGetFloat8(DirectFunctionCall1(numeric_float8_no_overflow,
+																 values[local_share_col]));
+		policy->override = OVERRIDE_NONE;
+		capacity = DatumGetInt64(values[capacity_col]);
 		if (policy->algorithm == ALGORITHM_CONCURRENCY)
 		{
 			/* Leases: capacity at once, each living at most idle_ttl. */
 			memset(&policy->bucket, 0, sizeof(policy->bucket));
 			policy->bucket.capacity = capacity;
-			policy->bucket.ttl_ms = idle_ttl_ms;
-			policy->usable = capacity > 0 && idle_ttl_ms > 0;
+			policy->bucket.ttl_ms = policy->idle_ttl_ms;
+			policy->usable = capacity > 0 && policy->idle_ttl_ms > 0;
 			policy->local_usable = false;
 		}
 		else
@@ -206,39 +216,87 @@ policy_cache_load(Oid relid)
 			period_ms = nulls[refill_period_col] ? 0 :
 				interval_ms(DatumGetIntervalP(values[refill_period_col]));
 			policy->usable = bucket_params_init(&policy->bucket, capacity, refill_amount,
-												period_ms, idle_ttl_ms);
-
-			/*
-			 * The local bucket holds local_share of the capacity (at least one
-			 * token) and refills local_share as fast, by a period stretched and
-			 * rounded up: rounding never gives more than the share.
-			 */
-			share = DatumGetFloat8(DirectFunctionCall1(numeric_float8_no_overflow,
-													   values[local_share_col]));
-			policy->local_usable = share >= 0.000001 && share <= 1 &&
-				period_ms / share < (double) BUCKET_EXACT_LIMIT &&
-				bucket_params_init(&policy->local_bucket,
-								   Max((int64) floor(capacity * share), 1), refill_amount,
-								   (int64) ceil(period_ms / share), 0);
+												period_ms, policy->idle_ttl_ms);
+			policy_local_bucket(policy, capacity, refill_amount, period_ms);
 		}
-		pfree(fail_mode);
-		pfree(name);
-		pfree(values);
-		pfree(nulls);
 	}
 	table_endscan(scan);
-	UnregisterSnapshot(snapshot);
 	table_close(rel, NoLock);
+}
 
-	MemoryContextSetParent(context, CacheMemoryContext);
-	if (policy_cache_context != NULL)
-		MemoryContextDelete(policy_cache_context);
-	policy_cache_context = context;
-	policy_cache = cache;
+/* The hash key of (policy, subject) in override_cache. */
+static uint64
+override_hash(const char *policy, const char *subject, int length)
+{
+	return hash_bytes_extended((const unsigned char *) subject, length,
+							   hash_bytes_extended((const unsigned char *) policy,
+												   strlen(policy), 0));
+}
+
+/* Milliseconds since the Unix epoch of a timestamptz. */
+static int64
+timestamp_epoch_ms(TimestampTz timestamp)
+{
+	return timestamp / 1000 + (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * 1000;
+}
+
+/* Reads every row of rl_override (locked by the caller) into cache, allocated in context. */
+static void
+load_overrides(HTAB *cache, MemoryContext context, Oid relid, Snapshot snapshot)
+{
+	Relation	rel = table_open(relid, NoLock);
+	TupleDesc	desc = RelationGetDescr(rel);
+	int			policy_col = policy_attnum(rel, "policy"),
+				subject_col = policy_attnum(rel, "subject"),
+				action_col = policy_attnum(rel, "action"),
+				capacity_col = policy_attnum(rel, "capacity"),
+				refill_amount_col = policy_attnum(rel, "refill_amount"),
+				refill_period_col = policy_attnum(rel, "refill_period"),
+				expires_at_col = policy_attnum(rel, "expires_at"),
+				version_col = policy_attnum(rel, "version");
+	Datum	   *values = palloc(desc->natts * sizeof(Datum));
+	bool	   *nulls = palloc(desc->natts * sizeof(bool));
+	TableScanDesc scan = table_beginscan(rel, snapshot, 0, NULL);
+	HeapTuple	tuple;
+
+	while ((tuple = heap_getnext(scan, ForwardScanDirection)) != NULL)
+	{
+		Override   *override = MemoryContextAllocZero(context, sizeof(Override));
+		text	   *subject;
+		char	   *action;
+		OverrideEntry *entry;
+		uint64		hash;
+		bool		found;
+
+		heap_deform_tuple(tuple, desc, values, nulls);
+		text_to_cstring_buffer(DatumGetTextPP(values[policy_col]), override->policy, NAMEDATALEN);
+		subject = DatumGetTextPP(values[subject_col]);
+		override->length = VARSIZE_ANY_EXHDR(subject);
+		override->subject = MemoryContextAlloc(context, override->length);
+		memcpy(override->subject, VARDATA_ANY(subject), override->length);
+		action = TextDatumGetCString(values[action_col]);
+		override->action = strcmp(action, "allow") == 0 ? OVERRIDE_ALLOW :
+			strcmp(action, "deny") == 0 ? OVERRIDE_DENY : OVERRIDE_LIMIT;
+		override->version = DatumGetInt32(values[version_col]);
+		override->capacity = nulls[capacity_col] ? 0 : DatumGetInt64(values[capacity_col]);
+		override->refill_amount = nulls[refill_amount_col] ? 0 :
+			DatumGetInt64(values[refill_amount_col]);
+		override->period_ms = nulls[refill_period_col] ? 0 :
+			interval_ms(DatumGetIntervalP(values[refill_period_col]));
+		override->expires_ms = nulls[expires_at_col] ? 0 :
+			timestamp_epoch_ms(DatumGetTimestampTz(values[expires_at_col]));
+
+		hash = override_hash(override->policy, override->subject, override->length);
+		entry = hash_search(cache, &hash, HASH_ENTER, &found);
+		override->next = found ? entry->first : NULL;
+		entry->first = override;
+	}
+	table_endscan(scan);
+	table_close(rel, NoLock);
 }
 
 /*
- * Locks rl_policy for reading without letting a transaction that holds it
+ * Locks relid for reading without letting a transaction that holds it
  * exclusively (TRUNCATE, ALTER TABLE) stall decisions. Returns false at once
  * when an older cache exists: the locker's change is not committed yet, so that
  * cache may serve until the next call tries again. Without a cache, waits at
@@ -257,14 +315,80 @@ policy_cache_lock(Oid relid)
 			ereport(ERROR,
 					(errhidestmt(true),
 					 errcode(ERRCODE_LOCK_NOT_AVAILABLE),
-					 errmsg("could not read the rate limit policies: table rl_policy is locked"),
-					 errdetail("Another transaction holds a lock on rl_policy that blocks reading it, as TRUNCATE and ALTER TABLE do.")));
+					 errmsg("could not read the rate limit policies: table %s is locked",
+							get_rel_name(relid)),
+					 errdetail("Another transaction holds a lock on it that blocks reading it, as TRUNCATE and ALTER TABLE do.")));
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 						 5, PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);
 		CHECK_FOR_INTERRUPTS();
 	}
 	return true;
+}
+
+/*
+ * Reads rl_policy and rl_override (if the installed version has it) into a new
+ * cache, which replaces the old one only once it is complete. Keeps the old
+ * one when a table is locked (see policy_cache_lock).
+ */
+static void
+policy_cache_load(void)
+{
+	MemoryContext context;
+	HASHCTL		hashctl = {0};
+	HTAB	   *policies;
+	HTAB	   *volatile overrides = NULL;
+	Snapshot	snapshot;
+
+	if (!policy_cache_lock(policy_relid))
+		return;
+	if (OidIsValid(override_relid) && !policy_cache_lock(override_relid))
+	{
+		UnlockRelationOid(policy_relid, AccessShareLock);
+		return;
+	}
+	/* Set first: an invalidation that arrives during the load marks it stale again. */
+	policy_cache_valid = true;
+
+	/* Under the transaction's context until complete, so that an error frees it. */
+	context = AllocSetContextCreate(CurrentMemoryContext, "ratelimit policies",
+									ALLOCSET_SMALL_SIZES);
+	hashctl.keysize = NAMEDATALEN;
+	hashctl.entrysize = sizeof(Policy);
+	hashctl.hcxt = context;
+	policies = hash_create("ratelimit policies", 64, &hashctl,
+						   HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+	/* The latest snapshot: a change is seen from the moment it commits. */
+	snapshot = RegisterSnapshot(GetLatestSnapshot());
+	PG_TRY();
+	{
+		load_policies(policies, policy_relid, snapshot);
+		if (OidIsValid(override_relid))
+		{
+			hashctl.keysize = sizeof(uint64);
+			hashctl.entrysize = sizeof(OverrideEntry);
+			overrides = hash_create("ratelimit overrides", 64, &hashctl,
+									HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+			load_overrides(overrides, context, override_relid, snapshot);
+		}
+	}
+	PG_CATCH();
+	{
+		policy_cache_valid = false;
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	UnregisterSnapshot(snapshot);
+	if (OidIsValid(override_relid))
+		UnlockRelationOid(override_relid, AccessShareLock);
+	UnlockRelationOid(policy_relid, AccessShareLock);
+
+	MemoryContextSetParent(context, CacheMemoryContext);
+	if (policy_cache_context != NULL)
+		MemoryContextDelete(policy_cache_context);
+	policy_cache_context = context;
+	policy_cache = policies;
+	override_cache = overrides;
 }
 
 /*
@@ -279,34 +403,68 @@ policy_lookup(Oid function_oid, const char *name)
 
 	if (!policy_cache_valid)
 	{
-		Oid			relid = get_relname_relid("rl_policy", get_func_namespace(function_oid));
+		Oid			namespace = get_func_namespace(function_oid);
 
-		if (!OidIsValid(relid))
+		policy_relid = get_relname_relid("rl_policy", namespace);
+		if (!OidIsValid(policy_relid))
 			ereport(ERROR,
 					(errcode(ERRCODE_UNDEFINED_TABLE),
 					 errmsg("table rl_policy of extension ratelimit does not exist")));
-		policy_relid = relid;
-		if (policy_cache_lock(relid))
-		{
-			/* Set first: an invalidation that arrives during the load marks it stale again. */
-			policy_cache_valid = true;
-			PG_TRY();
-			{
-				policy_cache_load(relid);
-			}
-			PG_CATCH();
-			{
-				policy_cache_valid = false;
-				PG_RE_THROW();
-			}
-			PG_END_TRY();
-			UnlockRelationOid(relid, AccessShareLock);
-		}
+		/* Version 0.1.0 of the extension has no overrides. */
+		override_relid = get_relname_relid("rl_override", namespace);
+		policy_cache_load();
 	}
 
 	if (strlen(name) >= NAMEDATALEN)
 		return NULL;
 	return hash_search(policy_cache, name, HASH_FIND, NULL);
+}
+
+/*
+ * Applies the subject's override, if it has one that has not expired at now_ms,
+ * to policy (a request's copy of a cached policy): other limits and a version
+ * of their own, or a fixed answer (decision_fixed).
+ */
+void
+policy_apply_override(Policy *policy, const char *subject, int length, int64 now_ms)
+{
+	OverrideEntry *entry;
+	const Override *override;
+	uint64		hash;
+	int64		capacity;
+
+	if (override_cache == NULL || hash_get_num_entries(override_cache) == 0)
+		return;
+	hash = override_hash(policy->name, subject, length);
+	entry = hash_search(override_cache, &hash, HASH_FIND, NULL);
+	for (override = entry ? entry->first : NULL; override != NULL; override = override->next)
+		if (override->length == length && memcmp(override->subject, subject, length) == 0 &&
+			strcmp(override->policy, policy->name) == 0)
+			break;
+	if (override == NULL || (override->expires_ms != 0 && override->expires_ms <= now_ms))
+		return;
+
+	policy->override = override->action;
+	if (override->action == OVERRIDE_DENY)
+		/* Until it expires; one that never does says a day. */
+		policy->override_retry_ms = override->expires_ms != 0 ?
+			override->expires_ms - now_ms : (int64) SECS_PER_DAY * 1000;
+	if (override->action != OVERRIDE_LIMIT)
+		return;
+
+	policy->version = override->version;
+	capacity = override->capacity;
+	if (policy->algorithm == ALGORITHM_CONCURRENCY)
+	{
+		policy->bucket.capacity = capacity;
+		return;
+	}
+	/* The policy's idle_ttl when it is long enough for these limits, else their refill time. */
+	if (!bucket_params_init(&policy->bucket, capacity, override->refill_amount,
+							override->period_ms, policy->idle_ttl_ms))
+		policy->usable = bucket_params_init(&policy->bucket, capacity, override->refill_amount,
+											override->period_ms, 0);
+	policy_local_bucket(policy, capacity, override->refill_amount, override->period_ms);
 }
 
 PG_FUNCTION_INFO_V1(rl_policy_invalidate);

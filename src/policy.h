@@ -1,6 +1,6 @@
 /*
  * policy.h
- *	  The per-backend cache of rl_policy rows.
+ *	  The per-backend cache of rl_policy and rl_override rows.
  */
 #ifndef RL_POLICY_H
 #define RL_POLICY_H
@@ -28,6 +28,15 @@ typedef enum PolicyMode
 	POLICY_MODE_DISABLED
 } PolicyMode;
 
+/* What an rl_override row does to its subject's decisions. */
+typedef enum OverrideAction
+{
+	OVERRIDE_NONE,				/* no override: the policy's own limits */
+	OVERRIDE_LIMIT,				/* other limits, in a bucket of their own */
+	OVERRIDE_ALLOW,				/* always allowed, nothing counted */
+	OVERRIDE_DENY				/* always denied, nothing counted */
+} OverrideAction;
+
 typedef struct Policy
 {
 	char		name[NAMEDATALEN];	/* hash key; the table allows at most 63 bytes */
@@ -40,10 +49,17 @@ typedef struct Policy
 	/* The local fallback bucket: capacity and refill scaled by local_share. */
 	bool		local_usable;
 	BucketParams local_bucket;
+	int64		idle_ttl_ms;	/* 0: null, the time to refill completely */
+	double		local_share;
+	/* Set only on a request's copy, by policy_apply_override. */
+	OverrideAction override;
+	int64		override_retry_ms;	/* deny: until it expires */
 } Policy;
 
 extern void policy_cache_init(void);
 extern const Policy *policy_lookup(Oid function_oid, const char *name);
 extern const char *policy_fail_mode_name(FailMode mode);
+extern void policy_apply_override(Policy *policy, const char *subject, int length,
+								  int64 now_ms);
 
 #endif							/* RL_POLICY_H */
