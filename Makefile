@@ -5,14 +5,15 @@ MODULE_big = ratelimit
 DATA = $(wildcard ratelimit--*.sql)
 OBJS = src/ratelimit.o src/decision.o src/policy.o src/subject.o \
        src/bucket.o src/breaker.o src/local.o src/redis.o src/redis_url.o \
-       src/reservation.o src/lease.o src/multi.o src/trigger.o
+       src/reservation.o src/lease.o src/multi.o src/trigger.o \
+       src/stats.o src/decision_log.o src/headers.o
 SHLIB_LINK = -lhiredis
 PG_CPPFLAGS = -I$(srcdir)/src
 PG_CFLAGS = -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers
 
 # pg_regress runs against a private server with the library preloaded; dev/run-tests
 # writes the settings file (it names the Redis that the tests start).
-REGRESS = setup policy errors consume enforce subjects settings failure local transactions leases multi history modes roles privileges
+REGRESS = setup policy errors consume enforce subjects settings failure local transactions leases multi history modes overrides headers stats roles privileges upgrade
 REGRESS_CONF ?= $(srcdir)/dev/regress.conf
 REGRESS_OPTS = --temp-instance=$(CURDIR)/tmp_regress --temp-config=$(REGRESS_CONF)
 
@@ -27,3 +28,5 @@ src/scripts.h: $(wildcard lua/*.lua) dev/embed-lua
 	$(srcdir)/dev/embed-lua $(sort $(wildcard $(srcdir)/lua/*.lua)) > $@.tmp && mv $@.tmp $@
 
 src/decision.o src/decision.bc src/lease.o src/lease.bc: src/scripts.h
+# PGXS does not track headers: a changed struct must rebuild every object.
+$(OBJS): $(wildcard $(srcdir)/src/*.h)

@@ -139,7 +139,9 @@ BEGIN
     END IF;
     SELECT p.algorithm INTO algorithm FROM @extschema@.rl_policy p WHERE p.name = NEW.policy;
     -- (An unknown policy is left to the foreign key, which says so.)
-    IF NEW.action = 'limit' AND algorithm = 'token_bucket' AND NEW.refill_amount IS NULL THEN
+    -- (A limit without a capacity is left to rl_override_action_fields_check.)
+    IF NEW.action = 'limit' AND algorithm = 'token_bucket' AND NEW.capacity IS NOT NULL
+       AND NEW.refill_amount IS NULL THEN
         RAISE EXCEPTION 'a limit override of token-bucket policy "%" needs capacity, refill_amount and refill_period', NEW.policy
             USING ERRCODE = 'check_violation', CONSTRAINT = 'rl_override_algorithm_check';
     END IF;

@@ -15,10 +15,13 @@
 
 #include "breaker.h"
 #include "decision.h"
+#include "decision_log.h"
+#include "headers.h"
 #include "local.h"
 #include "policy.h"
 #include "redis.h"
 #include "scripts.h"
+#include "stats.h"
 #include "subject.h"
 
 RedisScript token_bucket_script = {
@@ -35,12 +38,14 @@ static RedisScript reset_script = {
 static RedisFailure logged_failure;
 
 /*
- * Logs a change of Redis health: a new failure class, or recovery. Never a key
- * or subject: the statement (which may hold the subject) is kept out of the line.
+ * Notes a Redis call made for policy: counts it in rl_stats, and logs a change
+ * of Redis health (a new failure class, or recovery). Never a key or subject:
+ * the statement (which may hold the subject) is kept out of the line.
  */
 void
-log_redis_health(const Policy *policy, bool answered, const RedisFailure *failure)
+decision_note_redis(const Policy *policy, bool answered, const RedisFailure *failure)
 {
+	stats_redis(policy->name, answered, failure);
 	/* A call the breaker skipped says nothing new. */
 	if (!answered && failure->kind == REDIS_FAILURE_NONE)
 		return;
@@ -262,6 +267,13 @@ decision_request_check(Oid function_oid, const char *name, const char *subject,
 				(errhidestmt(true),
 				 errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("rate limit policy \"%s\" does not exist", name)));
+	subject_check(subject, length);
+	memset(request, 0, sizeof(*request));
+	request->policy = *policy;	/* a copy: the cache may be reloaded later */
+	request->subject = subject;
+	request->length = length;
+	policy_apply_override(&request->policy, subject, length, decision_now_ms());
+	policy = &request->policy;
 	if (!policy->usable)
 		ereport(ERROR,
 				(errhidestmt(true),
@@ -269,13 +281,7 @@ decision_request_check(Oid function_oid, const char *name, const char *subject,
 				 errmsg("rate limit policy \"%s\" is outside the supported bounds", policy->name),
 				 errdetail("With g = gcd(refill_amount, refill_period in ms), capacity * period_ms / g + refill_amount / g must stay below 2^53."),
 				 errhint("Restore the table's constraints and correct the policy.")));
-	subject_check(subject, length);
-	memset(request, 0, sizeof(*request));
-	request->policy = *policy;	/* a copy: the cache may be reloaded later */
-	request->subject = subject;
-	request->length = length;
-	policy_apply_override(&request->policy, subject, length, decision_now_ms());
-	return &request->policy;
+	return policy;
 }
 
 /*
@@ -345,18 +351,30 @@ decision_run(const DecisionRequest *request, Decision *decision)
 	decision->capacity = policy->bucket.capacity;
 
 	if (request->mode != BUCKET_REFUND && decision_fixed(policy, decision))
+		decision_shadow(policy, decision);
+	else
 	{
-		decision_shadow(policy, decision);
-		return;
+		/* While the breaker is open, Redis is not asked at all. */
+		answered = breaker_call(decide_by_redis, &ask, &failure);
+		decision_note_redis(policy, answered, &failure);
+		if (!answered)
+			decide_by_fail_mode(request, decision);
+		if (request->mode != BUCKET_REFUND)
+			decision_shadow(policy, decision);
 	}
+	if (request->mode == BUCKET_TAKE)
+		decision_observe(request, decision, request->cost);
+}
 
-	/* While the breaker is open, Redis is not asked at all. */
-	answered = breaker_call(decide_by_redis, &ask, &failure);
-	log_redis_health(policy, answered, &failure);
-	if (!answered)
-		decide_by_fail_mode(request, decision);
-	if (request->mode != BUCKET_REFUND)
-		decision_shadow(policy, decision);
+/*
+ * Counts a decision that spends (a take, a lease) in rl_stats and writes its
+ * decision log line, if chosen. cost is what it asked for.
+ */
+void
+decision_observe(const DecisionRequest *request, const Decision *decision, int64 cost)
+{
+	stats_decision(decision, cost);
+	decision_log(decision, cost, request->subject, request->length);
 }
 
 /*
@@ -387,7 +405,7 @@ decision_reset(const DecisionRequest *request)
 	RedisFailure failure;
 	bool		answered = breaker_call(reset_in_redis, (void *) request, &failure);
 
-	log_redis_health(&request->policy, answered, &failure);
+	decision_note_redis(&request->policy, answered, &failure);
 	return answered;
 }
 
@@ -450,17 +468,22 @@ decision_shadow(const Policy *policy, Decision *decision)
 	if (policy->mode == POLICY_MODE_SHADOW && !decision->allowed)
 	{
 		decision->allowed = true;
+		decision->origin = decision->source;
 		decision->source = DECISION_SOURCE_SHADOW;
 	}
 }
 
 /*
  * Raises rl_enforce's error for a denial: RL503 when Redis could not answer
- * and the policy fails closed, RL429 for a quota denial. Nothing for a grant.
+ * and the policy fails closed, RL429 for a quota denial; with
+ * ratelimit.postgrest_errors, the PGRST error PostgREST answers with. Nothing
+ * for a grant. function_oid is the calling SQL function.
  */
 void
-decision_enforce(const Decision *decision)
+decision_enforce(Oid function_oid, const Decision *decision)
 {
+	if (!decision->allowed && rl_postgrest_errors)
+		headers_raise_postgrest(function_oid, decision);
 	if (!decision->allowed && decision->source == DECISION_SOURCE_FAIL_CLOSED)
 		ereport(ERROR,
 				(errhidestmt(true),
@@ -479,7 +502,7 @@ decision_enforce(const Decision *decision)
 }
 
 /* The source column's text. */
-static const char *
+const char *
 decision_source_name(DecisionSource source)
 {
 	switch (source)

@@ -33,6 +33,7 @@ typedef struct Decision
 	char		policy[NAMEDATALEN];
 	int32		version;
 	DecisionSource source;
+	DecisionSource origin;		/* for source 'shadow': who would have denied */
 } Decision;
 
 /* lua/token_bucket.lua, run by decision.c and multi.c. */
@@ -57,14 +58,16 @@ extern const Policy *decision_request_check(Oid function_oid, const char *name,
 											DecisionRequest *request);
 extern void decision_request_cost(DecisionRequest *request, BucketMode mode, int64 cost);
 extern const Policy *decision_policy_subject(FunctionCallInfo fcinfo, DecisionRequest *request);
-extern void log_redis_health(const Policy *policy, bool answered, const RedisFailure *failure);
+extern void decision_note_redis(const Policy *policy, bool answered, const RedisFailure *failure);
+extern void decision_observe(const DecisionRequest *request, const Decision *decision, int64 cost);
+extern const char *decision_source_name(DecisionSource source);
 extern int64 decision_now_ms(void);
 extern void decision_run(const DecisionRequest *request, Decision *decision);
 extern void decision_refund_local(const DecisionRequest *request);
 extern bool decision_local_possible(const DecisionRequest *request);
 extern void decision_local(const DecisionRequest *request, BucketMode mode, Decision *decision);
 extern bool decision_reset(const DecisionRequest *request);
-extern void decision_enforce(const Decision *decision);
+extern void decision_enforce(Oid function_oid, const Decision *decision);
 extern bool decision_fixed(const Policy *policy, Decision *decision);
 extern void decision_shadow(const Policy *policy, Decision *decision);
 extern bool decision_from_reply(const long long *results, Decision *decision,

@@ -99,7 +99,7 @@ lease_call(const Policy *policy, const char *key, const char *id, const char *mo
 	RedisFailure failure;
 	bool		answered = breaker_call(lease_call_redis, &call, &failure);
 
-	log_redis_health(policy, answered, &failure);
+	decision_note_redis(policy, answered, &failure);
 	if (unsure != NULL)
 		*unsure = !answered && (failure.kind == REDIS_FAILURE_TIMEOUT ||
 								failure.kind == REDIS_FAILURE_IO ||
@@ -390,6 +390,7 @@ rl_acquire(PG_FUNCTION_ARGS)
 	{
 		lease_forget(lease);
 		decision_shadow(&request.policy, &decision);
+		decision_observe(&request, &decision, 1);
 		return decision_to_datum(fcinfo, &decision);
 	}
 	if (!lease_call(&request.policy, lease->key, lease->id, "acquire", &decision, &unsure))
@@ -401,6 +402,7 @@ rl_acquire(PG_FUNCTION_ARGS)
 	else if (!decision.allowed)
 		lease_forget(lease);	/* Redis said no: nothing was taken */
 	decision_shadow(&request.policy, &decision);
+	decision_observe(&request, &decision, 1);
 	return decision_to_datum(fcinfo, &decision);
 }
 

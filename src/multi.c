@@ -100,14 +100,15 @@ multi_fail_mode(MultiCall *call)
 
 	/*
 	 * A 'closed' check (or a 'local' one without a usable local bucket) closes
-	 * the group, unless its policy is disabled or in shadow mode: those never deny.
+	 * the group, unless its policy is disabled or in shadow mode, or its subject
+	 * has an 'allow' override: those never deny.
 	 */
 	for (int i = 0; i < call->count; i++)
 	{
 		const Policy *policy = &call->requests[i].policy;
 
 		if (policy->fail_mode != FAIL_MODE_OPEN && policy->mode == POLICY_MODE_ENFORCE &&
-			!decision_local_possible(&call->requests[i]))
+			policy->override != OVERRIDE_ALLOW && !decision_local_possible(&call->requests[i]))
 			denied = true;
 	}
 	for (int i = 0; !denied && i < call->count; i++)
@@ -283,6 +284,7 @@ rl_consume_all(PG_FUNCTION_ARGS)
 		}
 	}
 	answered = breaker_call(multi_redis, &call, &failure);
+	decision_note_redis(&call.requests[0].policy, answered, &failure);
 	if (answered && !call.peek && multi_only_shadow_short(&call))
 	{
 		/*
@@ -296,11 +298,11 @@ rl_consume_all(PG_FUNCTION_ARGS)
 			if (!kept[i].allowed && kept[i].retry_after_ms > 0)
 				call.requests[i].cost = 0;
 		answered = breaker_call(multi_redis, &call, &failure);
+		decision_note_redis(&call.requests[0].policy, answered, &failure);
 		for (int i = 0; answered && i < call.count; i++)
 			if (!kept[i].allowed && kept[i].retry_after_ms > 0)
 				call.decisions[i] = kept[i];
 	}
-	log_redis_health(&call.requests[0].policy, answered, &failure);
 	if (!answered && !call.peek)
 		multi_fail_mode(&call);
 	for (int i = 0; i < call.count; i++)
@@ -318,6 +320,7 @@ rl_consume_all(PG_FUNCTION_ARGS)
 		/* Fixed answers replace the bucket's; shadow lets a denial through. */
 		(void) decision_fixed(&call.requests[i].policy, decision);
 		decision_shadow(&call.requests[i].policy, decision);
+		decision_observe(&call.requests[i], decision, costs ? DatumGetInt64(costs[i]) : 1);
 	}
 
 	for (int i = 0; i < call.count; i++)

@@ -61,12 +61,21 @@ typedef struct OverrideEntry
 	Override   *first;
 } OverrideEntry;
 
+typedef struct OverrideVersion
+{
+	int32		version;		/* hash key */
+	const Override *override;
+} OverrideVersion;
+
 static HTAB *policy_cache = NULL;
 static HTAB *override_cache = NULL;	/* NULL while the extension has no rl_override */
+static HTAB *override_versions = NULL;	/* the 'limit' overrides by version */
 static MemoryContext policy_cache_context = NULL;
 static bool policy_cache_valid = false;
 static Oid	policy_relid = InvalidOid;
 static Oid	override_relid = InvalidOid;
+
+static void apply_limits(Policy *policy, const Override *override);
 
 /* Marks the cache stale when rl_policy or rl_override changes (or on a full reset). */
 static void
@@ -240,9 +249,12 @@ timestamp_epoch_ms(TimestampTz timestamp)
 	return timestamp / 1000 + (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * 1000;
 }
 
-/* Reads every row of rl_override (locked by the caller) into cache, allocated in context. */
+/*
+ * Reads every row of rl_override (locked by the caller) into cache, and the
+ * 'limit' ones into versions, allocated in context.
+ */
 static void
-load_overrides(HTAB *cache, MemoryContext context, Oid relid, Snapshot snapshot)
+load_overrides(HTAB *cache, HTAB *versions, MemoryContext context, Oid relid, Snapshot snapshot)
 {
 	Relation	rel = table_open(relid, NoLock);
 	TupleDesc	desc = RelationGetDescr(rel);
@@ -290,6 +302,9 @@ load_overrides(HTAB *cache, MemoryContext context, Oid relid, Snapshot snapshot)
 		entry = hash_search(cache, &hash, HASH_ENTER, &found);
 		override->next = found ? entry->first : NULL;
 		entry->first = override;
+		if (override->action == OVERRIDE_LIMIT)
+			((OverrideVersion *) hash_search(versions, &override->version, HASH_ENTER,
+											 NULL))->override = override;
 	}
 	table_endscan(scan);
 	table_close(rel, NoLock);
@@ -338,6 +353,7 @@ policy_cache_load(void)
 	HASHCTL		hashctl = {0};
 	HTAB	   *policies;
 	HTAB	   *volatile overrides = NULL;
+	HTAB	   *volatile versions = NULL;
 	Snapshot	snapshot;
 
 	if (!policy_cache_lock(policy_relid))
@@ -369,7 +385,11 @@ policy_cache_load(void)
 			hashctl.entrysize = sizeof(OverrideEntry);
 			overrides = hash_create("ratelimit overrides", 64, &hashctl,
 									HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
-			load_overrides(overrides, context, override_relid, snapshot);
+			hashctl.keysize = sizeof(int32);
+			hashctl.entrysize = sizeof(OverrideVersion);
+			versions = hash_create("ratelimit override versions", 64, &hashctl,
+								   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+			load_overrides(overrides, versions, context, override_relid, snapshot);
 		}
 	}
 	PG_CATCH();
@@ -389,6 +409,7 @@ policy_cache_load(void)
 	policy_cache_context = context;
 	policy_cache = policies;
 	override_cache = overrides;
+	override_versions = versions;
 }
 
 /*
@@ -431,7 +452,6 @@ policy_apply_override(Policy *policy, const char *subject, int length, int64 now
 	OverrideEntry *entry;
 	const Override *override;
 	uint64		hash;
-	int64		capacity;
 
 	if (override_cache == NULL || hash_get_num_entries(override_cache) == 0)
 		return;
@@ -449,8 +469,41 @@ policy_apply_override(Policy *policy, const char *subject, int length, int64 now
 		/* Until it expires; one that never does says a day. */
 		policy->override_retry_ms = override->expires_ms != 0 ?
 			override->expires_ms - now_ms : (int64) SECS_PER_DAY * 1000;
-	if (override->action != OVERRIDE_LIMIT)
-		return;
+	if (override->action == OVERRIDE_LIMIT)
+		apply_limits(policy, override);
+}
+
+/*
+ * Copies into out the limits that decisions of policy name at version are made
+ * under: the policy's, or those of its 'limit' override with that version.
+ * False when neither has that version (any more). function_oid is the calling
+ * SQL function: rl_policy lives in the same schema.
+ */
+bool
+policy_limits(Oid function_oid, const char *name, int32 version, Policy *out)
+{
+	const Policy *policy = policy_lookup(function_oid, name);
+	const OverrideVersion *entry;
+
+	if (policy == NULL)
+		return false;
+	*out = *policy;
+	if (policy->version == version)
+		return true;
+	entry = override_versions == NULL ? NULL :
+		hash_search(override_versions, &version, HASH_FIND, NULL);
+	if (entry == NULL || strcmp(entry->override->policy, name) != 0)
+		return false;
+	out->override = OVERRIDE_LIMIT;
+	apply_limits(out, entry->override);
+	return true;
+}
+
+/* Gives policy (a copy) the limits and the version of a 'limit' override. */
+static void
+apply_limits(Policy *policy, const Override *override)
+{
+	int64		capacity;
 
 	policy->version = override->version;
 	capacity = override->capacity;

@@ -22,6 +22,7 @@
 #include "policy.h"
 #include "redis_url.h"
 #include "reservation.h"
+#include "stats.h"
 #include "subject.h"
 
 PG_MODULE_MAGIC;
@@ -36,6 +37,18 @@ char	   *rl_key_prefix = NULL;
 char	   *rl_key_scope = NULL;
 char	   *rl_subject_secret = NULL;
 char	   *rl_test_clock_ms = NULL;
+int			rl_log_decisions = LOG_DECISIONS_NONE;
+double		rl_log_sample_rate = 1.0;
+bool		rl_postgrest_errors = false;
+bool		rl_track_stats = true;
+int			rl_stats_policies = 1000;
+
+static const struct config_enum_entry log_decisions_options[] = {
+	{"none", LOG_DECISIONS_NONE, false},
+	{"denied", LOG_DECISIONS_DENIED, false},
+	{"all", LOG_DECISIONS_ALL, false},
+	{NULL, 0, false}
+};
 
 /* Rejects a malformed ratelimit.redis_url when it is set, not when it is first used. */
 static bool
@@ -83,17 +96,19 @@ assign_redis_url(const char *newval, void *extra)
 static shmem_request_hook_type previous_shmem_request_hook = NULL;
 static shmem_startup_hook_type previous_shmem_startup_hook = NULL;
 
-/* Asks for the shared memory of the breaker and the local buckets. */
+/* Asks for the shared memory of the breaker, the local buckets and the statistics. */
 static void
 ratelimit_shmem_request(void)
 {
 	if (previous_shmem_request_hook)
 		previous_shmem_request_hook();
-	RequestAddinShmemSpace(add_size(breaker_shmem_size(), local_shmem_size()));
+	RequestAddinShmemSpace(add_size(add_size(breaker_shmem_size(), local_shmem_size()),
+									stats_shmem_size()));
 	local_shmem_request();
+	stats_shmem_request();
 }
 
-/* Creates or attaches to the shared breaker and local buckets. */
+/* Creates or attaches to the shared breaker, local buckets and statistics. */
 static void
 ratelimit_shmem_startup(void)
 {
@@ -102,6 +117,7 @@ ratelimit_shmem_startup(void)
 	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
 	breaker_shmem_init();
 	local_shmem_init();
+	stats_shmem_init();
 	LWLockRelease(AddinShmemInitLock);
 }
 
@@ -190,6 +206,22 @@ _PG_init(void)
 							   "For tests: the time buckets see, in ms since the epoch; empty means Redis TIME.",
 							   NULL, &rl_test_clock_ms, "", PGC_SUSET,
 							   GUC_NOT_IN_SAMPLE, check_test_clock, NULL, NULL);
+	DefineCustomEnumVariable("ratelimit.log_decisions",
+							 "Which decisions get a log line: none, denied or all.",
+							 "A line holds policy, version, cost, decision, source and a hash of the subject, never the subject.",
+							 &rl_log_decisions, LOG_DECISIONS_NONE, log_decisions_options,
+							 PGC_SUSET, 0, NULL, NULL, NULL);
+	DefineCustomRealVariable("ratelimit.log_sample_rate",
+							 "Share of the decisions chosen by ratelimit.log_decisions that are logged.",
+							 NULL, &rl_log_sample_rate, 1.0, 0.0, 1.0,
+							 PGC_SUSET, 0, NULL, NULL, NULL);
+	DefineCustomBoolVariable("ratelimit.track_stats",
+							 "Count decisions and Redis calls in rl_stats (needs shared_preload_libraries).",
+							 NULL, &rl_track_stats, true, PGC_SUSET, 0, NULL, NULL, NULL);
+	DefineCustomBoolVariable("ratelimit.postgrest_errors",
+							 "rl_enforce raises the error PostgREST turns into an HTTP 429 or 503 with headers.",
+							 "SQLSTATE PGRST, with the JSON message and detail PostgREST reads.",
+							 &rl_postgrest_errors, false, PGC_USERSET, 0, NULL, NULL, NULL);
 	policy_cache_init();
 	reservation_init();
 	lease_init();
@@ -200,6 +232,10 @@ _PG_init(void)
 		DefineCustomIntVariable("ratelimit.local_buckets",
 								"Slots for local fallback buckets in shared memory.",
 								NULL, &rl_local_buckets, 10000, 128, 10 * 1000 * 1000,
+								PGC_POSTMASTER, 0, NULL, NULL, NULL);
+		DefineCustomIntVariable("ratelimit.stats_policies",
+								"Policies (per database) that rl_stats can count separately; the rest are counted together.",
+								NULL, &rl_stats_policies, 1000, 16, 1000 * 1000,
 								PGC_POSTMASTER, 0, NULL, NULL, NULL);
 		previous_shmem_request_hook = shmem_request_hook;
 		shmem_request_hook = ratelimit_shmem_request;
@@ -234,7 +270,7 @@ rl_enforce(PG_FUNCTION_ARGS)
 	Decision	decision;
 
 	decision_make(fcinfo, BUCKET_TAKE, &decision);
-	decision_enforce(&decision);
+	decision_enforce(fcinfo->flinfo->fn_oid, &decision);
 	return decision_to_datum(fcinfo, &decision);
 }
 

@@ -33,6 +33,19 @@ extern char *rl_key_prefix;
 extern char *rl_key_scope;
 extern char *rl_subject_secret;
 extern char *rl_test_clock_ms;
+extern int	rl_log_decisions;
+extern double rl_log_sample_rate;
+extern bool rl_postgrest_errors;
+extern bool rl_track_stats;
+extern int	rl_stats_policies;
+
+/* ratelimit.log_decisions: which decisions get a log line. */
+typedef enum LogDecisions
+{
+	LOG_DECISIONS_NONE,
+	LOG_DECISIONS_DENIED,
+	LOG_DECISIONS_ALL
+} LogDecisions;
 
 extern char *rl_unique_id(void);
 

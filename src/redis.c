@@ -27,6 +27,9 @@
 #include "storage/fd.h"
 #include "storage/latch.h"
 #include "utils/memutils.h"
+#if PG_VERSION_NUM >= 170000
+#include "utils/wait_event.h"
+#endif
 
 #include "redis.h"
 #include "redis_url.h"
@@ -41,6 +44,8 @@ typedef struct RedisConnection
 } RedisConnection;
 
 static RedisConnection connection;
+
+int64		redis_last_round_trip_us = -1;
 
 /* The address a host name resolved to, kept until a connect to it fails. */
 static char resolved_host[256];
@@ -156,6 +161,24 @@ redis_check_for_interrupts(void)
 }
 
 /*
+ * The wait event pg_stat_activity shows while a backend waits for Redis: our
+ * own name where PostgreSQL 17 lets extensions name one, "Extension" before.
+ */
+static uint32
+redis_wait_event(void)
+{
+#if PG_VERSION_NUM >= 170000
+	static uint32 event = 0;
+
+	if (event == 0)
+		event = WaitEventExtensionNew("RateLimitRedis");
+	return event;
+#else
+	return PG_WAIT_EXTENSION;
+#endif
+}
+
+/*
  * Waits until the socket is ready for events (WL_SOCKET_READABLE or
  * WL_SOCKET_WRITEABLE) or the deadline passes; false on timeout. Interrupts
  * are served while waiting, so a cancel raises its error from here.
@@ -174,7 +197,7 @@ redis_wait(uint32 events, int64 deadline)
 			return false;
 		remaining_ms = (long) ((deadline - now + 999) / 1000);
 		if (WaitEventSetWait(connection.wait_set, remaining_ms, &event, 1,
-							 PG_WAIT_EXTENSION) == 0)
+							 redis_wait_event()) == 0)
 			continue;			/* timed out: the check above decides */
 		if (event.events & WL_LATCH_SET)
 		{
@@ -415,11 +438,13 @@ redis_run_script(RedisScript *script, int nkeys, const char *const *keys,
 				 int nargs, const char *const *args, long long *results, int nresults,
 				 RedisFailure *failure)
 {
+	int64		sent;
 	int64		deadline;
 	redisReply *reply;
 
 	Assert(nresults > 0 && nkeys > 0);
 	memset(failure, 0, sizeof(*failure));
+	redis_last_round_trip_us = -1;
 	redis_script_prepare(script);
 
 	/* A cut-off request, or a changed URL, means this connection is not to be used. */
@@ -432,7 +457,8 @@ redis_run_script(RedisScript *script, int nkeys, const char *const *keys,
 		return false;
 	}
 
-	deadline = rl_monotonic_us() + (int64) rl_command_timeout_ms * 1000;
+	sent = rl_monotonic_us();
+	deadline = sent + (int64) rl_command_timeout_ms * 1000;
 	connection.busy = true;
 	if (!redis_append_script(script, true, nkeys, keys, nargs, args, failure) ||
 		!redis_request(deadline, &reply, failure))
@@ -447,6 +473,7 @@ redis_run_script(RedisScript *script, int nkeys, const char *const *keys,
 			return false;
 	}
 	connection.busy = false;
+	redis_last_round_trip_us = rl_monotonic_us() - sent;
 
 	if (reply->type == REDIS_REPLY_ERROR)
 		fail_with_error_reply(failure, reply);

@@ -34,6 +34,9 @@ typedef struct RedisScript
 	char		sha1[41];
 } RedisScript;
 
+/* Microseconds from sending the last script call to its reply; -1 when none came. */
+extern int64 redis_last_round_trip_us;
+
 extern bool redis_run_script(RedisScript *script, int nkeys, const char *const *keys,
 							 int nargs, const char *const *args,
 							 long long *results, int nresults,

@@ -61,19 +61,13 @@ subject_check(const char *subject, int length)
 						   RL_SUBJECT_MAX_BYTES, length)));
 }
 
-/* Appends text as it is when it is a safe id, else "#" and its keyed hash in hex. */
-static void
-append_safe(StringInfo key, const char *text, int length)
+/* Appends 32 hex digits of the HMAC-SHA256 of text keyed by ratelimit.subject_secret. */
+void
+subject_hash(StringInfo out, const char *text, int length)
 {
 	pg_hmac_ctx *hmac;
 	uint8		digest[PG_SHA256_DIGEST_LENGTH];
 	const char *secret = rl_subject_secret ? rl_subject_secret : "";
-
-	if (subject_is_safe_id(text, length))
-	{
-		appendBinaryStringInfo(key, text, length);
-		return;
-	}
 
 	hmac = pg_hmac_create(PG_SHA256);
 	if (hmac == NULL ||
@@ -86,10 +80,22 @@ append_safe(StringInfo key, const char *text, int length)
 				 errmsg("could not hash a rate limit subject")));
 	pg_hmac_free(hmac);
 
+	enlargeStringInfo(out, 2 * SUBJECT_HASH_BYTES);
+	out->len += hex_encode((const char *) digest, SUBJECT_HASH_BYTES, out->data + out->len);
+	out->data[out->len] = '\0';
+}
+
+/* Appends text as it is when it is a safe id, else "#" and its keyed hash in hex. */
+static void
+append_safe(StringInfo key, const char *text, int length)
+{
+	if (subject_is_safe_id(text, length))
+	{
+		appendBinaryStringInfo(key, text, length);
+		return;
+	}
 	appendStringInfoChar(key, '#');
-	enlargeStringInfo(key, 2 * SUBJECT_HASH_BYTES);
-	key->len += hex_encode((const char *) digest, SUBJECT_HASH_BYTES, key->data + key->len);
-	key->data[key->len] = '\0';
+	subject_hash(key, text, length);
 }
 
 /* The scope segment's source: ratelimit.key_scope, else this database's name. */

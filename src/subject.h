@@ -16,6 +16,7 @@ extern void subject_check(const char *subject, int length);
 extern void subject_build_key(StringInfo key, const Policy *policy,
 							  const char *subject, int length);
 extern bool subject_is_safe_id(const char *text, int length);
+extern void subject_hash(StringInfo out, const char *text, int length);
 extern void subject_hash_tag(StringInfo out, const char *subject, int length);
 
 #endif							/* RL_SUBJECT_H */

@@ -115,6 +115,9 @@ charge_subject(FunctionCallInfo fcinfo, const TriggerArgs *args, const char *sub
 
 	decision_request_check(fcinfo->flinfo->fn_oid, args->policy, subject, strlen(subject),
 						   &request);
+	/* A subject that is always allowed, or a disabled policy, counts nothing. */
+	if (request.policy.override == OVERRIDE_ALLOW || request.policy.mode == POLICY_MODE_DISABLED)
+		cost = Min(cost, request.policy.bucket.capacity);
 	if (cost > request.policy.bucket.capacity)
 		ereport(ERROR,
 				(errhidestmt(true),
@@ -124,7 +127,7 @@ charge_subject(FunctionCallInfo fcinfo, const TriggerArgs *args, const char *sub
 						   cost, request.policy.bucket.capacity)));
 	decision_request_cost(&request, BUCKET_TAKE, cost);
 	reservation_take(&request, &decision);
-	decision_enforce(&decision);
+	decision_enforce(fcinfo->flinfo->fn_oid, &decision);
 }
 
 /* Statement level: one charge per subject, for the sum of its rows in the new rows. */

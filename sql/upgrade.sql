@@ -1,0 +1,188 @@
+-- The upgrade path: a database made with 0.1.0 keeps its policies, versions, history and
+-- buckets through every update script up to the default version, and then has overrides.
+SELECT count(*) AS paths_from_0_1_0_to_default
+FROM pg_extension_update_paths('ratelimit') p
+WHERE p.source = '0.1.0' AND p.path IS NOT NULL
+  AND p.target = (SELECT default_version FROM pg_available_extensions WHERE name = 'ratelimit');
+-- (Every later version is reachable from 0.1.0.)
+SELECT count(*) AS unreachable_versions
+FROM pg_extension_update_paths('ratelimit') p
+WHERE p.source = '0.1.0' AND p.target <> '0.1.0' AND p.path IS NULL;
+
+-- What a fresh install has, to compare the upgraded database with.
+CREATE FUNCTION pg_temp.extension_shape() RETURNS text
+LANGUAGE sql AS $$
+SELECT string_agg(item, E'\n' ORDER BY item) FROM (
+    SELECT 'object ' || pg_describe_object(classid, objid, 0) AS item
+    FROM pg_depend
+    WHERE refclassid = 'pg_extension'::regclass AND deptype = 'e'
+      AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'ratelimit')
+    UNION ALL
+    SELECT 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+           || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
+           || coalesce(' default ' || pg_get_expr(d.adbin, d.adrelid), '')
+    FROM pg_class c
+    JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+    LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
+    WHERE c.relname IN ('rl_policy', 'rl_override', 'rl_policy_history')
+      AND c.relnamespace = 'public'::regnamespace
+    UNION ALL
+    SELECT 'constraint ' || conrelid::regclass || '.' || conname || ' ' || pg_get_constraintdef(oid)
+    FROM pg_constraint
+    WHERE conrelid IN (SELECT oid FROM pg_class WHERE relnamespace = 'public'::regnamespace
+                         AND relname IN ('rl_policy', 'rl_override', 'rl_policy_history'))
+    UNION ALL
+    SELECT 'trigger ' || tgrelid::regclass || '.' || tgname || ' ' || pg_get_triggerdef(oid)
+    FROM pg_trigger
+    WHERE NOT tgisinternal
+      AND tgrelid IN (SELECT oid FROM pg_class WHERE relnamespace = 'public'::regnamespace
+                        AND relname IN ('rl_policy', 'rl_override', 'rl_policy_history'))
+    UNION ALL
+    SELECT 'index ' || pg_get_indexdef(indexrelid)
+    FROM pg_index
+    WHERE indrelid IN (SELECT oid FROM pg_class WHERE relnamespace = 'public'::regnamespace
+                         AND relname IN ('rl_policy', 'rl_override', 'rl_policy_history'))
+    UNION ALL
+    SELECT 'config ' || c::regclass::text
+    FROM pg_extension, unnest(extconfig) AS c WHERE extname = 'ratelimit'
+    UNION ALL
+    SELECT 'acl ' || p.oid::regprocedure::text || ' ' || coalesce(p.proacl::text, 'default')
+    FROM pg_proc p
+    WHERE p.oid IN (SELECT objid FROM pg_depend WHERE refclassid = 'pg_extension'::regclass
+                      AND deptype = 'e' AND classid = 'pg_proc'::regclass
+                      AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'ratelimit'))
+    UNION ALL
+    SELECT 'acl ' || c.oid::regclass::text || ' ' || coalesce(c.relacl::text, 'default')
+    FROM pg_class c
+    WHERE c.oid IN (SELECT objid FROM pg_depend WHERE refclassid = 'pg_extension'::regclass
+                      AND deptype = 'e' AND classid = 'pg_class'::regclass
+                      AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'ratelimit'))
+) AS shape
+$$;
+SELECT pg_temp.extension_shape() AS fresh_shape,
+       (SELECT prosrc FROM pg_proc WHERE oid = 'pg_temp.extension_shape'::regproc) AS shape_body \gset
+
+CREATE DATABASE regress_upgrade;
+\c regress_upgrade
+SET ratelimit.test_clock_ms = '2900000000000';
+CREATE EXTENSION ratelimit VERSION '0.1.0';
+CREATE FUNCTION pg_temp.extension_shape() RETURNS text LANGUAGE sql AS :'shape_body';
+SELECT extversion, to_regclass('rl_override') IS NULL AS no_overrides_yet
+FROM pg_extension WHERE extname = 'ratelimit';
+
+-- Policies made with 0.1.0: one changed (a new version), one changed in a way that keeps
+-- it, one deleted.
+SELECT name, capacity, version FROM rl_define('up.api', 10, '1 hour');
+SELECT name, capacity, version FROM rl_define('up.read', 100, '1 minute');
+INSERT INTO rl_policy (name, algorithm, capacity, idle_ttl) VALUES ('up.lease', 'concurrency', 2, '1 minute');
+SELECT name, capacity, version FROM rl_define('up.gone', 1, '1 second');
+UPDATE rl_policy SET capacity = 20 WHERE name = 'up.api';
+UPDATE rl_policy SET fail_mode = 'open' WHERE name = 'up.read';
+DELETE FROM rl_policy WHERE name = 'up.gone';
+-- The library that is installed now works with the 0.1.0 objects.
+SELECT allowed, remaining, capacity, version, source FROM rl_consume('up.api', 'tenant_a', 7);
+SELECT allowed, remaining, capacity, version, source FROM rl_consume('up.read', 'tenant_a/u1', 30);
+SELECT policy, allowed, remaining, version, source
+FROM rl_consume_all(ARRAY['up.api', 'up.read'], ARRAY['tenant_a', 'tenant_a/u2'], ARRAY[1, 40]);
+SELECT allowed, remaining, version, source FROM rl_peek('up.lease', 'tenant_a');
+
+-- What must survive the upgrade.
+CREATE TABLE before_policy AS SELECT * FROM rl_policy;
+CREATE TABLE before_history AS SELECT * FROM rl_policy_history;
+SELECT last_value AS version_before, (SELECT max(id) FROM rl_policy_history) AS history_before
+FROM rl_policy_version_seq \gset
+SELECT name, capacity, fail_mode, version FROM before_policy ORDER BY name;
+SELECT id, action, name, old->>'version' AS old_version, new->>'version' AS new_version
+FROM before_history ORDER BY id;
+
+-- Every step of the path from 0.1.0 to the default version, in order.
+DO $$
+DECLARE
+    steps text[];
+    reached text;
+BEGIN
+    SELECT string_to_array(p.path, '--') INTO steps
+    FROM pg_extension_update_paths('ratelimit') p
+    WHERE p.source = '0.1.0'
+      AND p.target = (SELECT default_version FROM pg_available_extensions WHERE name = 'ratelimit');
+    IF steps IS NULL THEN
+        RAISE EXCEPTION 'no update path from 0.1.0 to the default version';
+    END IF;
+    FOR i IN 2 .. array_length(steps, 1) LOOP
+        EXECUTE format('ALTER EXTENSION ratelimit UPDATE TO %L', steps[i]);
+        SELECT extversion INTO reached FROM pg_extension WHERE extname = 'ratelimit';
+        IF reached <> steps[i] THEN
+            RAISE EXCEPTION 'ALTER EXTENSION ratelimit UPDATE TO % reached %', steps[i], reached;
+        END IF;
+    END LOOP;
+END
+$$;
+SELECT extversion = (SELECT default_version FROM pg_available_extensions WHERE name = 'ratelimit')
+       AS at_default_version
+FROM pg_extension WHERE extname = 'ratelimit';
+-- The upgraded database has what a fresh install has.
+SELECT pg_temp.extension_shape() = :'fresh_shape' AS same_as_fresh_install;
+SELECT item AS only_in_fresh_install
+FROM unnest(string_to_array(:'fresh_shape', E'\n')) AS item
+EXCEPT SELECT unnest(string_to_array(pg_temp.extension_shape(), E'\n')) ORDER BY 1;
+SELECT item AS only_after_upgrade
+FROM unnest(string_to_array(pg_temp.extension_shape(), E'\n')) AS item
+EXCEPT SELECT unnest(string_to_array(:'fresh_shape', E'\n')) ORDER BY 1;
+
+-- Every policy row, with its version, and every history row are kept; the upgrade
+-- itself changed nothing that is recorded.
+SELECT name, capacity, fail_mode, version FROM rl_policy ORDER BY name;
+SELECT b.name, to_jsonb(b) <@ to_jsonb(p) AS row_kept
+FROM before_policy b LEFT JOIN rl_policy p ON p.name = b.name ORDER BY 1;
+SELECT count(*) AS policies FROM rl_policy;
+SELECT b.id, h.id IS NOT NULL AS kept, h.object, h.subject
+FROM before_history b
+LEFT JOIN rl_policy_history h
+  ON (h.id, h.at, h.role, h.xid, h.action, h.name) = (b.id, b.at, b.role, b.xid, b.action, b.name)
+ AND h.old IS NOT DISTINCT FROM b.old AND h.new IS NOT DISTINCT FROM b.new
+ORDER BY b.id;
+SELECT count(*) AS history_rows FROM rl_policy_history;
+SELECT last_value = :version_before AS version_counter_kept FROM rl_policy_version_seq;
+
+-- The buckets are kept: the same keys, and tokens go on from where they were.
+SELECT allowed, remaining, capacity, version, source FROM rl_consume('up.api', 'tenant_a');
+SELECT allowed, remaining, capacity, version, source FROM rl_peek('up.read', 'tenant_a/u1');
+SELECT allowed, remaining, capacity, version, source FROM rl_peek('up.read', 'tenant_a/u2');
+
+-- Overrides work.
+INSERT INTO rl_override (policy, subject, capacity, refill_amount, refill_period)
+VALUES ('up.api', 'tenant_b', 50, 50, '1 hour');
+INSERT INTO rl_override (policy, subject, action) VALUES
+    ('up.api', 'tenant_a', 'deny'),
+    ('up.read', 'tenant_a/u1', 'allow');
+INSERT INTO rl_override (policy, subject, capacity) VALUES ('up.lease', 'tenant_a', 5);
+SELECT policy, subject, action, version > :version_before AS new_version FROM rl_override ORDER BY 1, 2;
+SELECT allowed, remaining, capacity, version > :version_before AS override_version, source
+FROM rl_consume('up.api', 'tenant_b', 30);
+SELECT allowed, remaining, retry_after_ms, source FROM rl_consume('up.api', 'tenant_a');
+SELECT allowed, remaining, source FROM rl_consume('up.read', 'tenant_a/u1', 100);
+SELECT allowed, remaining, capacity, source FROM rl_peek('up.lease', 'tenant_a');
+SELECT policy, allowed, source
+FROM rl_consume_all(ARRAY['up.read', 'up.api'], ARRAY['tenant_a/u3', 'tenant_a']);
+SELECT allowed, remaining FROM rl_peek('up.read', 'tenant_a/u3');
+-- Lifting the deny returns tenant_a to its old bucket.
+DELETE FROM rl_override WHERE subject = 'tenant_a' AND policy = 'up.api';
+SELECT allowed, remaining, capacity, version, source FROM rl_consume('up.api', 'tenant_a');
+
+-- New versions continue above the old ones; new history rows come after the old ones
+-- and record overrides.
+SELECT name, version > :version_before AS newer FROM rl_define('up.new', 5, '1 hour');
+UPDATE rl_policy SET capacity = 30 WHERE name = 'up.api';
+SELECT version > :version_before AS newer FROM rl_policy WHERE name = 'up.api';
+SELECT allowed, remaining, capacity, source FROM rl_consume('up.api', 'tenant_a');
+SELECT h.action, h.object, h.name, h.subject, h.id > :history_before AS after_the_old_rows
+FROM rl_policy_history h
+WHERE NOT EXISTS (SELECT FROM before_history b WHERE b.id = h.id AND b.xid = h.xid)
+ORDER BY h.id;
+-- A policy can be deleted with its overrides, and the extension dropped.
+DELETE FROM rl_policy WHERE name = 'up.api';
+SELECT count(*) AS overrides_of_up_api FROM rl_override WHERE policy = 'up.api';
+DROP EXTENSION ratelimit;
+
+\c contrib_regression
+DROP DATABASE regress_upgrade;

@@ -1,0 +1,366 @@
+/*
+ * headers.c
+ *	  A decision as HTTP: the RateLimit headers a client reads, and the error
+ *	  PostgREST turns into a 429 or 503 response.
+ *
+ * The default fields follow draft-ietf-httpapi-ratelimit-headers revision 10:
+ *
+ *	  RateLimit-Policy: "<policy>";q=<capacity>;w=<seconds to refill an empty bucket>
+ *	  RateLimit: "<policy>";r=<remaining>;t=<seconds until the bucket is full>
+ *
+ * and Retry-After (RFC 9110, delay-seconds) when denied. Legacy mode gives the
+ * older RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset instead. Which
+ * fields a decision gets depends on who made it (its source): a field is left
+ * out rather than filled with a number that no bucket said. Every value is a
+ * string, and no field ever names the subject or a Redis key.
+ */
+#include "ratelimit.h"
+
+#include "executor/executor.h"
+#include "fmgr.h"
+#include "lib/stringinfo.h"
+#include "utils/builtins.h"
+#include "utils/json.h"
+#include "utils/jsonb.h"
+
+#include "decision.h"
+#include "headers.h"
+#include "policy.h"
+
+/* SQLSTATE PGRST: PostgREST reads the response it asks for from the message and detail. */
+#define ERRCODE_RL_POSTGREST MAKE_SQLSTATE('P', 'G', 'R', 'S', 'T')
+
+/* The most fields one decision gets: legacy splits RateLimit into -Remaining and -Reset. */
+#define HEADERS_MAX 4
+
+typedef struct HeaderField
+{
+	const char *name;
+	char	   *value;
+} HeaderField;
+
+/* The fields of one decision, in the order they are added. */
+typedef struct HeaderSet
+{
+	int			count;
+	HeaderField fields[HEADERS_MAX];
+} HeaderSet;
+
+/* Adds a field to set. */
+static void
+header_add(HeaderSet *set, const char *name, char *value)
+{
+	Assert(set->count < HEADERS_MAX);
+	set->fields[set->count].name = name;
+	set->fields[set->count].value = value;
+	set->count++;
+}
+
+/*
+ * Milliseconds as whole seconds, rounded up: a client told to wait less than
+ * the bucket needs would only be denied again. Negative counts as 0.
+ */
+static int64
+seconds_rounded_up(int64 ms)
+{
+	if (ms <= 0)
+		return 0;
+	/* Not (ms + 999) / 1000, which overflows near INT64_MAX. */
+	return ms / 1000 + (ms % 1000 != 0);
+}
+
+/* Retry-After's seconds: at least 1, since "Retry-After: 0" invites an immediate retry. */
+static int64
+retry_after_seconds(const Decision *decision)
+{
+	return Max(seconds_rounded_up(decision->retry_after_ms), 1);
+}
+
+/*
+ * Appends name as a structured-field string (RFC 8941, section 3.3.3). Table
+ * policy names need no escaping, but a hand-built rl_decision can hold any
+ * text, and a header value must never carry a line break.
+ */
+static void
+append_sf_string(StringInfo buf, const char *name)
+{
+	appendStringInfoChar(buf, '"');
+	for (const unsigned char *p = (const unsigned char *) name; *p != '\0'; p++)
+	{
+		if (*p < 0x20 || *p > 0x7e)
+			ereport(ERROR,
+					(errhidestmt(true),
+					 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("the policy name of the decision cannot be written in an HTTP header"),
+					 errdetail("A structured-field string holds only printable ASCII characters.")));
+		if (*p == '"' || *p == '\\')
+			appendStringInfoChar(buf, '\\');
+		appendStringInfoChar(buf, *p);
+	}
+	appendStringInfoChar(buf, '"');
+}
+
+/*
+ * Adds the policy's field: its quota, and for a token bucket the time an empty
+ * bucket takes to refill completely, in whole seconds rounded up (the window
+ * in which a client may spend the quota again). limits is NULL when the limits
+ * the decision was made under are no longer known: then no window is given.
+ */
+static void
+add_policy_field(HeaderSet *set, const Decision *decision, const Policy *limits, bool legacy)
+{
+	StringInfoData value;
+	int64		quota = Max(decision->capacity, 0);
+
+	if (legacy)
+	{
+		header_add(set, "RateLimit-Limit", psprintf(INT64_FORMAT, quota));
+		return;
+	}
+	initStringInfo(&value);
+	append_sf_string(&value, decision->policy);
+	appendStringInfo(&value, ";q=" INT64_FORMAT, quota);
+	if (limits != NULL && limits->algorithm == ALGORITHM_CONCURRENCY)
+		/* Leases held at once: no window, and the draft's unit for it. */
+		appendStringInfoString(&value, ";qu=\"concurrent-requests\"");
+	else if (limits != NULL)
+		appendStringInfo(&value, ";w=" INT64_FORMAT,
+						 seconds_rounded_up(bucket_refill_ms(&limits->bucket)));
+	header_add(set, "RateLimit-Policy", value.data);
+}
+
+/* Adds the service limit: tokens left (never negative) and seconds until more are there. */
+static void
+add_service_limit(HeaderSet *set, const Decision *decision, int64 remaining,
+				  int64 seconds, bool legacy)
+{
+	StringInfoData value;
+
+	remaining = Max(remaining, 0);
+	if (legacy)
+	{
+		header_add(set, "RateLimit-Remaining", psprintf(INT64_FORMAT, remaining));
+		header_add(set, "RateLimit-Reset", psprintf(INT64_FORMAT, seconds));
+		return;
+	}
+	initStringInfo(&value);
+	append_sf_string(&value, decision->policy);
+	appendStringInfo(&value, ";r=" INT64_FORMAT ";t=" INT64_FORMAT, remaining, seconds);
+	header_add(set, "RateLimit", value.data);
+}
+
+/*
+ * Fills set with the fields that tell a client about decision. function_oid is
+ * the calling SQL function (rl_policy lives in its schema).
+ *
+ * A shadow policy's limit is only watched, so its decisions show none. A bucket
+ * (redis, local) tells what is left; fail_open, disabled and an 'allow'
+ * override asked no bucket, so they tell only the policy; fail_closed tells
+ * the policy and when to retry; a 'deny' override has nothing left until it
+ * expires.
+ */
+static void
+headers_build(Oid function_oid, const Decision *decision, bool legacy, HeaderSet *set)
+{
+	Policy		limits;
+	bool		known = policy_limits(function_oid, decision->policy, decision->version, &limits);
+
+	set->count = 0;
+	if (decision->source == DECISION_SOURCE_SHADOW ||
+		(known && limits.mode == POLICY_MODE_SHADOW))
+		return;
+
+	add_policy_field(set, decision, known ? &limits : NULL, legacy);
+	if (decision->source == DECISION_SOURCE_REDIS || decision->source == DECISION_SOURCE_LOCAL)
+		add_service_limit(set, decision, decision->remaining,
+						  seconds_rounded_up(decision->reset_after_ms), legacy);
+	else if (decision->source == DECISION_SOURCE_OVERRIDE && !decision->allowed)
+		add_service_limit(set, decision, 0, retry_after_seconds(decision), legacy);
+	if (!decision->allowed)
+		header_add(set, "Retry-After", psprintf(INT64_FORMAT, retry_after_seconds(decision)));
+}
+
+/* set as a jsonb object of header name to string value. */
+static Jsonb *
+headers_to_jsonb(const HeaderSet *set)
+{
+	JsonbParseState *state = NULL;
+	JsonbValue *object;
+
+	pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
+	for (int i = 0; i < set->count; i++)
+	{
+		JsonbValue	key = {.type = jbvString};
+		JsonbValue	value = {.type = jbvString};
+
+		key.val.string.val = (char *) set->fields[i].name;
+		key.val.string.len = strlen(set->fields[i].name);
+		value.val.string.val = set->fields[i].value;
+		value.val.string.len = strlen(set->fields[i].value);
+		pushJsonbValue(&state, WJB_KEY, &key);
+		pushJsonbValue(&state, WJB_VALUE, &value);
+	}
+	object = pushJsonbValue(&state, WJB_END_OBJECT, NULL);
+	return JsonbValueToJsonb(object);
+}
+
+/* Appends set to buf as a JSON object of header name to string value. */
+static void
+headers_append_json(StringInfo buf, const HeaderSet *set)
+{
+	appendStringInfoChar(buf, '{');
+	for (int i = 0; i < set->count; i++)
+	{
+		if (i > 0)
+			appendStringInfoChar(buf, ',');
+		escape_json(buf, set->fields[i].name);
+		appendStringInfoChar(buf, ':');
+		escape_json(buf, set->fields[i].value);
+	}
+	appendStringInfoChar(buf, '}');
+}
+
+/* Appends ,"key":"value" (value escaped) to a JSON object being written. */
+static void
+append_json_member(StringInfo buf, const char *key, const char *value)
+{
+	appendStringInfoChar(buf, ',');
+	escape_json(buf, key);
+	appendStringInfoChar(buf, ':');
+	escape_json(buf, value);
+}
+
+/*
+ * Raises the error PostgREST (v11 and later) answers with an HTTP response of
+ * our choosing: SQLSTATE PGRST, the message a JSON object
+ * {"code","message","details","hint"} that becomes the response body, and the
+ * detail a JSON object {"status","status_text","headers"} whose headers (a map
+ * of string to string) are sent as they are. See "Add HTTP Headers with RAISE",
+ * https://docs.postgrest.org/en/latest/references/errors.html#raise-headers
+ * (PgRaiseErrMessage and PgRaiseErrDetails in PostgREST's RaisePgrst.hs); if
+ * either does not parse, PostgREST answers 500 with PGRST121.
+ *
+ * The code, message and hint are rl_enforce's own: RL429 for a quota denial,
+ * RL503 when Redis could not answer and the policy fails closed. Never the
+ * subject or a Redis key. function_oid is the calling SQL function.
+ */
+void
+headers_raise_postgrest(Oid function_oid, const Decision *decision)
+{
+	bool		unavailable = decision->source == DECISION_SOURCE_FAIL_CLOSED;
+	int64		seconds = retry_after_seconds(decision);
+	HeaderSet	set;
+	StringInfoData message;
+	StringInfoData detail;
+
+	headers_build(function_oid, decision, false, &set);
+
+	initStringInfo(&message);
+	appendStringInfoString(&message, "{\"code\":");
+	escape_json(&message, unavailable ? "RL503" : "RL429");
+	append_json_member(&message, "message",
+					   psprintf(unavailable ? "rate limiter unavailable for policy \"%s\"" :
+								"rate limit exceeded for policy \"%s\"", decision->policy));
+	append_json_member(&message, "details",
+					   psprintf(seconds == 1 ? "Retry after " INT64_FORMAT " second." :
+								"Retry after " INT64_FORMAT " seconds.", seconds));
+	append_json_member(&message, "hint", unavailable ?
+					   "Redis did not answer and the policy fails closed." :
+					   psprintf("Wait before retrying; the limit is " INT64_FORMAT ".",
+								decision->capacity));
+	appendStringInfoChar(&message, '}');
+
+	initStringInfo(&detail);
+	appendStringInfo(&detail, "{\"status\":%d", unavailable ? 503 : 429);
+	append_json_member(&detail, "status_text",
+					   unavailable ? "Service Unavailable" : "Too Many Requests");
+	appendStringInfoString(&detail, ",\"headers\":");
+	headers_append_json(&detail, &set);
+	appendStringInfoChar(&detail, '}');
+
+	/* _internal: JSON for a program to read, never to be translated. */
+	ereport(ERROR,
+			(errhidestmt(true),
+			 errcode(ERRCODE_RL_POSTGREST),
+			 errmsg_internal("%s", message.data),
+			 errdetail_internal("%s", detail.data)));
+}
+
+/* The value of attribute name of row; NULL is refused like a NULL argument. */
+static Datum
+row_attribute(HeapTupleHeader row, const char *name)
+{
+	bool		isnull;
+	Datum		value = GetAttributeByName(row, name, &isnull);
+
+	if (isnull)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("decision.%s must not be null", name)));
+	return value;
+}
+
+/* The source named by text; an unknown one is refused rather than guessed. */
+static DecisionSource
+source_from_name(const char *name)
+{
+	for (DecisionSource source = DECISION_SOURCE_REDIS; source <= DECISION_SOURCE_OVERRIDE; source++)
+		if (strcmp(decision_source_name(source), name) == 0)
+			return source;
+	ereport(ERROR,
+			(errhidestmt(true),
+			 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("decision.source \"%s\" is not a source of decisions", name),
+			 errhint("A decision's source is redis, local, fail_open, fail_closed, shadow, disabled or override.")));
+	pg_unreachable();
+}
+
+/* Reads an rl_decision row into decision. */
+static void
+decision_from_row(HeapTupleHeader row, Decision *decision)
+{
+	char	   *policy = TextDatumGetCString(row_attribute(row, "policy"));
+
+	memset(decision, 0, sizeof(*decision));
+	decision->allowed = DatumGetBool(row_attribute(row, "allowed"));
+	decision->remaining = DatumGetInt64(row_attribute(row, "remaining"));
+	decision->capacity = DatumGetInt64(row_attribute(row, "capacity"));
+	decision->retry_after_ms = DatumGetInt64(row_attribute(row, "retry_after_ms"));
+	decision->reset_after_ms = DatumGetInt64(row_attribute(row, "reset_after_ms"));
+	decision->version = DatumGetInt32(row_attribute(row, "version"));
+	decision->source = source_from_name(TextDatumGetCString(row_attribute(row, "source")));
+	/* No policy is this long (policy_limits finds none), but the name is still shown. */
+	if (strlen(policy) >= sizeof(decision->policy))
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("decision.policy is longer than a policy name can be"),
+				 errdetail("A policy name has at most %d bytes.", NAMEDATALEN - 1)));
+	strlcpy(decision->policy, policy, sizeof(decision->policy));
+}
+
+PG_FUNCTION_INFO_V1(rl_headers);
+
+/* rl_headers(decision rl_decision, legacy boolean DEFAULT false) RETURNS jsonb */
+Datum
+rl_headers(PG_FUNCTION_ARGS)
+{
+	Decision	decision;
+	HeaderSet	set;
+
+	/* A NULL here is a caller's bug: no headers would read as "no limit". */
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("decision must not be null")));
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("legacy must not be null")));
+	decision_from_row(PG_GETARG_HEAPTUPLEHEADER(0), &decision);
+	headers_build(fcinfo->flinfo->fn_oid, &decision, PG_GETARG_BOOL(1), &set);
+	PG_RETURN_JSONB_P(headers_to_jsonb(&set));
+}
