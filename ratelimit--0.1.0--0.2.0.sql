@@ -68,8 +68,9 @@ DECLARE
     supplied integer := (item ->> 'version')::integer;
 BEGIN
     IF supplied IS NULL OR supplied <= 0
-       OR NOT (SELECT r.rolsuper FROM pg_roles r
-               WHERE r.rolname = coalesce(nullif(current_setting('role'), 'none'), session_user::text))
+       OR NOT coalesce((SELECT r.rolsuper FROM pg_roles r
+                        WHERE r.rolname = coalesce(nullif(current_setting('role'), 'none'),
+                                                   session_user::text)), false)
        OR EXISTS (
         SELECT FROM @extschema@.rl_policy_history h
         WHERE h.name = rl_inserted_version.name AND h.new IS NOT NULL
@@ -137,7 +138,8 @@ BEGIN
         RAISE EXCEPTION 'rl_override_set_version is a trigger of rl_override only'
             USING ERRCODE = 'trigger_protocol_violated';
     END IF;
-    SELECT p.algorithm INTO algorithm FROM @extschema@.rl_policy p WHERE p.name = NEW.policy;
+    -- FOR SHARE: an algorithm change of the policy waits for this override, or this for it.
+    SELECT p.algorithm INTO algorithm FROM @extschema@.rl_policy p WHERE p.name = NEW.policy FOR SHARE;
     -- (An unknown policy is left to the foreign key, which says so.)
     -- (A limit without a capacity is left to rl_override_action_fields_check.)
     IF NEW.action = 'limit' AND algorithm = 'token_bucket' AND NEW.capacity IS NOT NULL

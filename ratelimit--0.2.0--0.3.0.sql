@@ -42,9 +42,10 @@ COMMENT ON FUNCTION @extschema@.rl_subject_hash(text) IS
 -- HTTP response headers for a decision: RateLimit-Policy and RateLimit (IETF draft
 -- revision 10), Retry-After when denied; legacy => true gives RateLimit-Limit,
 -- RateLimit-Remaining and RateLimit-Reset instead of the two structured fields.
+-- PARALLEL UNSAFE: it may load the policy cache, which needs the latest snapshot.
 CREATE FUNCTION @extschema@.rl_headers(decision @extschema@.rl_decision, legacy boolean DEFAULT false)
 RETURNS jsonb
-AS 'MODULE_PATHNAME', 'rl_headers' LANGUAGE C STABLE PARALLEL SAFE;
+AS 'MODULE_PATHNAME', 'rl_headers' LANGUAGE C STABLE PARALLEL UNSAFE;
 COMMENT ON FUNCTION @extschema@.rl_headers(@extschema@.rl_decision, boolean) IS
     'the HTTP response headers (name => string value) that tell a client about a decision';
 

@@ -201,5 +201,13 @@ COMMIT;
 SELECT rl_enforce('http.api', 'secret-subject-1');
 RESET ratelimit.postgrest_errors;
 
+-- Under parallel query rl_headers stays in the leader (it may load the policy cache,
+-- which a parallel worker cannot): no error.
+CREATE TABLE http_decisions AS SELECT d FROM rl_peek('http.api', 'parallel') d;
+SET force_parallel_mode = on;
+SELECT rl_headers(d) ? 'RateLimit-Policy' AS has_policy FROM http_decisions;
+RESET force_parallel_mode;
+DROP TABLE http_decisions;
+
 DELETE FROM rl_policy WHERE name LIKE 'http.%';
 RESET ratelimit.test_clock_ms;

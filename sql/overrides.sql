@@ -439,6 +439,33 @@ RESET ROLE;
 REVOKE ALL ON FUNCTION rl_consume(text, text, bigint) FROM regress_override_nobody;
 DROP ROLE regress_override_nobody;
 
+-- While Redis cannot answer, an 'allow' check does not close its group.
+INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, fail_mode) VALUES
+    ('ov.g_open', 5, 5, '1 hour', 'open'), ('ov.g_closed', 5, 5, '1 hour', 'closed');
+INSERT INTO rl_override (policy, subject, action) VALUES ('ov.g_closed', 'g3/vip', 'allow');
+BEGIN;
+SET LOCAL ratelimit.redis_url = 'redis://127.0.0.1:1';
+SET LOCAL ratelimit.connect_timeout = '200ms';
+SELECT allowed, source FROM rl_consume('ov.g_closed', 'g3/vip');
+SELECT policy, allowed, source
+FROM rl_consume_all(ARRAY['ov.g_open', 'ov.g_closed'], ARRAY['g3', 'g3/vip']);
+COMMIT;
+
+-- A statement trigger: an 'allow' or 'deny' subject is decided by its override whatever
+-- its rows cost, even more than the capacity (no bucket is asked).
+CREATE TABLE ov_items (tenant text, n bigint);
+CREATE TRIGGER ov_items_limit AFTER INSERT ON ov_items
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION rl_limit_trigger('ov.g_closed', 'tenant', 'n');
+INSERT INTO rl_override (policy, subject, action) VALUES ('ov.g_closed', 'g_deny', 'deny');
+INSERT INTO ov_items VALUES ('g3/vip', 4), ('g3/vip', 4);
+INSERT INTO ov_items VALUES ('g_deny', 4), ('g_deny', 4);
+\echo :LAST_ERROR_SQLSTATE
+INSERT INTO ov_items VALUES ('g_plain', 4), ('g_plain', 4);
+\echo :LAST_ERROR_SQLSTATE
+SELECT tenant, sum(n) FROM ov_items GROUP BY 1 ORDER BY 1;
+DROP TABLE ov_items;
+
 DELETE FROM rl_policy WHERE name LIKE 'ov.%';
 SELECT count(*) AS overrides_left FROM rl_override;
 RESET ratelimit.test_clock_ms;

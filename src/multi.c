@@ -34,7 +34,6 @@ typedef struct MultiCall
 	int			count;
 	DecisionRequest *requests;
 	Decision   *decisions;
-	bool		peek;			/* a 'deny' override denies the group: only look */
 } MultiCall;
 
 /* Runs every check in one script call; true with the decisions filled when Redis answered. */
@@ -63,7 +62,7 @@ multi_redis(void *arg, RedisFailure *failure)
 		args[7 * i + 3] = psprintf(INT64_FORMAT, request->cost);
 		args[7 * i + 4] = psprintf(INT64_FORMAT, bucket->ttl_ms);
 		args[7 * i + 5] = rl_test_clock_ms ? rl_test_clock_ms : "";
-		args[7 * i + 6] = call->peek ? "peek" : "take";
+		args[7 * i + 6] = "take";
 	}
 	answered = redis_run_script(&token_bucket_script, count, keys, 7 * count, args,
 								results, 4 * count, failure);
@@ -166,6 +165,55 @@ multi_fail_mode(MultiCall *call)
 	}
 }
 
+/*
+ * Decides the group in Redis while it answers, else by each check's fail mode.
+ * A short shadow check must not stop the others: then Redis is asked again
+ * without it, and its own answer is kept.
+ */
+static void
+multi_decide(MultiCall *call)
+{
+	RedisFailure failure;
+	bool		answered = breaker_call(multi_redis, call, &failure);
+
+	decision_note_redis(&call->requests[0].policy, answered, &failure);
+	if (answered && multi_only_shadow_short(call))
+	{
+		Decision   *kept = palloc(call->count * sizeof(Decision));
+
+		memcpy(kept, call->decisions, call->count * sizeof(Decision));
+		for (int i = 0; i < call->count; i++)
+			if (!kept[i].allowed && kept[i].retry_after_ms > 0)
+				call->requests[i].cost = 0;
+		answered = breaker_call(multi_redis, call, &failure);
+		decision_note_redis(&call->requests[0].policy, answered, &failure);
+		for (int i = 0; answered && i < call->count; i++)
+			if (!kept[i].allowed && kept[i].retry_after_ms > 0)
+				call->decisions[i] = kept[i];
+	}
+	if (!answered)
+		multi_fail_mode(call);
+}
+
+/*
+ * Denies the group for an enforced 'deny' override: nothing taken, nothing
+ * left, and every check told to wait as long as the override (retry_ms).
+ */
+static void
+multi_denied_by_override(MultiCall *call, int64 retry_ms)
+{
+	for (int i = 0; i < call->count; i++)
+	{
+		Decision   *decision = &call->decisions[i];
+
+		decision->allowed = false;
+		decision->remaining = 0;
+		decision->retry_after_ms = retry_ms;
+		decision->reset_after_ms = 0;
+		decision->source = DECISION_SOURCE_OVERRIDE;
+	}
+}
+
 /* The elements of a one-dimensional array argument; NULL elements are 22004. */
 static int
 multi_array(FunctionCallInfo fcinfo, int argno, Oid type, const char *what, Datum **values)
@@ -213,10 +261,9 @@ rl_consume_all(PG_FUNCTION_ARGS)
 	Datum	   *subjects;
 	Datum	   *costs = NULL;
 	MultiCall	call;
-	RedisFailure failure;
 	StringInfoData first_tag;
 	StringInfoData tag;
-	bool		answered;
+	int64		denied_for_ms;
 
 	call.count = multi_array(fcinfo, 0, TEXTOID, "policies", &policies);
 	if (multi_array(fcinfo, 1, TEXTOID, "subjects", &subjects) != call.count ||
@@ -268,10 +315,10 @@ rl_consume_all(PG_FUNCTION_ARGS)
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 	/*
 	 * A check decided without a bucket (disabled policy, 'allow' or 'deny'
-	 * override) takes 0 tokens; an enforced 'deny' denies the whole group, so
-	 * the others are only looked at.
+	 * override) takes 0 tokens. An enforced 'deny' denies the whole group
+	 * without asking Redis: every check then waits as long as that override.
 	 */
-	call.peek = false;
+	denied_for_ms = -1;
 	for (int i = 0; i < call.count; i++)
 	{
 		const Policy *policy = &call.requests[i].policy;
@@ -280,43 +327,17 @@ rl_consume_all(PG_FUNCTION_ARGS)
 		{
 			call.requests[i].cost = 0;
 			if (!call.decisions[i].allowed && policy->mode == POLICY_MODE_ENFORCE)
-				call.peek = true;
+				denied_for_ms = Max(denied_for_ms, call.decisions[i].retry_after_ms);
 		}
 	}
-	answered = breaker_call(multi_redis, &call, &failure);
-	decision_note_redis(&call.requests[0].policy, answered, &failure);
-	if (answered && !call.peek && multi_only_shadow_short(&call))
-	{
-		/*
-		 * Only shadow checks were short: they must not stop the others. Ask again
-		 * without them; their own answers (denials, let through) are kept.
-		 */
-		Decision   *kept = palloc(call.count * sizeof(Decision));
-
-		memcpy(kept, call.decisions, call.count * sizeof(Decision));
-		for (int i = 0; i < call.count; i++)
-			if (!kept[i].allowed && kept[i].retry_after_ms > 0)
-				call.requests[i].cost = 0;
-		answered = breaker_call(multi_redis, &call, &failure);
-		decision_note_redis(&call.requests[0].policy, answered, &failure);
-		for (int i = 0; answered && i < call.count; i++)
-			if (!kept[i].allowed && kept[i].retry_after_ms > 0)
-				call.decisions[i] = kept[i];
-	}
-	if (!answered && !call.peek)
-		multi_fail_mode(&call);
+	if (denied_for_ms >= 0)
+		multi_denied_by_override(&call, denied_for_ms);
+	else
+		multi_decide(&call);
 	for (int i = 0; i < call.count; i++)
 	{
 		Decision   *decision = &call.decisions[i];
 
-		/* A group a 'deny' override denied: nothing was taken. */
-		if (call.peek)
-		{
-			decision->allowed = false;
-			decision->retry_after_ms = 0;
-			if (!answered)
-				decision->source = DECISION_SOURCE_FAIL_CLOSED;
-		}
 		/* Fixed answers replace the bucket's; shadow lets a denial through. */
 		(void) decision_fixed(&call.requests[i].policy, decision);
 		decision_shadow(&call.requests[i].policy, decision);

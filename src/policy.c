@@ -256,6 +256,7 @@ timestamp_epoch_ms(TimestampTz timestamp)
 static void
 load_overrides(HTAB *cache, HTAB *versions, MemoryContext context, Oid relid, Snapshot snapshot)
 {
+	int64		now_ms = timestamp_epoch_ms(GetCurrentTimestamp());
 	Relation	rel = table_open(relid, NoLock);
 	TupleDesc	desc = RelationGetDescr(rel);
 	int			policy_col = policy_attnum(rel, "policy"),
@@ -273,14 +274,23 @@ load_overrides(HTAB *cache, HTAB *versions, MemoryContext context, Oid relid, Sn
 
 	while ((tuple = heap_getnext(scan, ForwardScanDirection)) != NULL)
 	{
-		Override   *override = MemoryContextAllocZero(context, sizeof(Override));
+		Override   *override;
 		text	   *subject;
 		char	   *action;
 		OverrideEntry *entry;
 		uint64		hash;
 		bool		found;
+		int64		expires_ms;
 
 		heap_deform_tuple(tuple, desc, values, nulls);
+		expires_ms = nulls[expires_at_col] ? 0 :
+			timestamp_epoch_ms(DatumGetTimestampTz(values[expires_at_col]));
+		/* One that has expired never applies again: it is not kept. */
+		if (expires_ms != 0 && expires_ms <= now_ms)
+			continue;
+
+		override = MemoryContextAllocZero(context, sizeof(Override));
+		override->expires_ms = expires_ms;
 		text_to_cstring_buffer(DatumGetTextPP(values[policy_col]), override->policy, NAMEDATALEN);
 		subject = DatumGetTextPP(values[subject_col]);
 		override->length = VARSIZE_ANY_EXHDR(subject);
@@ -295,8 +305,6 @@ load_overrides(HTAB *cache, HTAB *versions, MemoryContext context, Oid relid, Sn
 			DatumGetInt64(values[refill_amount_col]);
 		override->period_ms = nulls[refill_period_col] ? 0 :
 			interval_ms(DatumGetIntervalP(values[refill_period_col]));
-		override->expires_ms = nulls[expires_at_col] ? 0 :
-			timestamp_epoch_ms(DatumGetTimestampTz(values[expires_at_col]));
 
 		hash = override_hash(override->policy, override->subject, override->length);
 		entry = hash_search(cache, &hash, HASH_ENTER, &found);

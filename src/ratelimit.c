@@ -234,7 +234,7 @@ _PG_init(void)
 								NULL, &rl_local_buckets, 10000, 128, 10 * 1000 * 1000,
 								PGC_POSTMASTER, 0, NULL, NULL, NULL);
 		DefineCustomIntVariable("ratelimit.stats_policies",
-								"Policies (per database) that rl_stats can count separately; the rest are counted together.",
+								"Policies (of all databases together) that rl_stats counts apart; the rest are counted as one.",
 								NULL, &rl_stats_policies, 1000, 16, 1000 * 1000,
 								PGC_POSTMASTER, 0, NULL, NULL, NULL);
 		previous_shmem_request_hook = shmem_request_hook;
