@@ -44,3 +44,16 @@ CALL try_export('tenant_7f2');
 CALL try_export('tenant_9b1');
 -- The decision without the error, as a row.
 SELECT * FROM rl_consume('reports.export', 'tenant_7f2', 5);
+
+-- A premium tenant gets twice the burst: an override, with its own bucket.
+INSERT INTO rl_override (policy, subject, capacity, refill_amount, refill_period, reason)
+VALUES ('reports.export', 'tenant_vip', 10, 200, '1 hour', 'enterprise plan');
+CALL try_export('tenant_vip');
+CALL try_export('tenant_vip');
+
+-- What an HTTP API would send with a denial: 429 and these headers.
+SELECT rl_headers(d) AS headers FROM rl_consume('reports.export', 'tenant_9b1', 5) d;
+
+-- What the limiter did, per policy (no subject in it).
+SELECT policy, decisions, allowed, denied, tokens_granted, source_redis, redis_calls
+FROM rl_stats;
