@@ -31,7 +31,7 @@ COMMENT ON VIEW @extschema@.rl_stats IS
 
 CREATE FUNCTION @extschema@.rl_stats_reset() RETURNS void
 AS 'MODULE_PATHNAME', 'rl_stats_reset' LANGUAGE C VOLATILE PARALLEL RESTRICTED;
-COMMENT ON FUNCTION @extschema@.rl_stats_reset() IS 'set every rl_stats counter of this server to zero';
+COMMENT ON FUNCTION @extschema@.rl_stats_reset() IS 'set every rl_stats counter of this database (and the shared "(other)" row) to zero';
 
 -- The one-way hash the decision log writes for a subject, to find a subject's lines.
 CREATE FUNCTION @extschema@.rl_subject_hash(subject text) RETURNS text

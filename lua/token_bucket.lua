@@ -10,7 +10,7 @@
 --
 -- KEYS[1]  the bucket: a hash with fields `level` (units) and `time` (ms)
 -- ARGV[1]  capacity in units        ARGV[2]  rate: units added per millisecond
--- ARGV[3]  unit: units per token    ARGV[4]  cost in tokens (1 .. capacity)
+-- ARGV[3]  unit: units per token    ARGV[4]  cost in tokens (0 .. capacity)
 -- ARGV[5]  TTL in ms, at least the time to refill completely
 -- ARGV[6]  optional "now" in ms since the epoch, for tests; empty means Redis TIME
 -- ARGV[7]  optional mode: "take" (the default), "peek" (decide, write nothing) or

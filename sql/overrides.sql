@@ -465,6 +465,11 @@ INSERT INTO ov_items VALUES ('g_plain', 4), ('g_plain', 4);
 \echo :LAST_ERROR_SQLSTATE
 SELECT tenant, sum(n) FROM ov_items GROUP BY 1 ORDER BY 1;
 DROP TABLE ov_items;
+-- Checks decided without a bucket are not sent to Redis: a group of them asks nothing.
+SELECT redis_calls AS calls_before FROM rl_stats WHERE policy = 'ov.g_closed' \gset
+SELECT policy, allowed, source
+FROM rl_consume_all(ARRAY['ov.g_closed', 'ov.g_closed'], ARRAY['g3/vip', 'g3/vip']);
+SELECT redis_calls - :calls_before AS redis_calls_made FROM rl_stats WHERE policy = 'ov.g_closed';
 
 DELETE FROM rl_policy WHERE name LIKE 'ov.%';
 SELECT count(*) AS overrides_left FROM rl_override;

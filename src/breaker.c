@@ -264,17 +264,6 @@ breaker_call(bool (*attempt) (void *arg, RedisFailure *failure), void *arg,
 	return answered;
 }
 
-/* The failure that keeps the breaker open, for a decision that skipped Redis. */
-void
-breaker_current_failure(RedisFailure *failure)
-{
-	BreakerState *state = breaker_state();
-
-	SpinLockAcquire(&state->mutex);
-	*failure = state->last_failure;
-	SpinLockRelease(&state->mutex);
-}
-
 /* Milliseconds until Redis will be tried again (at least 1): a closed fail mode's retry-after. */
 int64
 breaker_retry_after_ms(void)

@@ -25,7 +25,6 @@ extern void breaker_shmem_init(void);
 extern void breaker_url_changed(bool server_wide);
 extern bool breaker_call(bool (*attempt) (void *arg, RedisFailure *failure), void *arg,
 						 RedisFailure *failure);
-extern void breaker_current_failure(RedisFailure *failure);
 extern int64 breaker_retry_after_ms(void);
 extern void breaker_health(BreakerHealth *health);
 

@@ -3,7 +3,7 @@
  *	  Token bucket arithmetic in C: turns a policy into the exact integer units
  *	  that lua/token_bucket.lua works in, checks the bounds that keep it exact,
  *	  and makes the script's decision for buckets kept in PostgreSQL (the local
- *	  fallback). Keep bucket_take and the script step for step alike: a test
+ *	  fallback). Keep bucket_apply and the script step for step alike: a test
  *	  feeds both the same (time, cost) sequence and compares every answer.
  */
 #include "ratelimit.h"

@@ -69,16 +69,6 @@ decision_note_redis(const Policy *policy, bool answered, const RedisFailure *fai
 	logged_failure = *failure;
 }
 
-/* Now in ms since the epoch: the test clock when set, else this server's clock. */
-int64
-decision_now_ms(void)
-{
-	if (rl_test_clock_ms != NULL && rl_test_clock_ms[0] != '\0')
-		return strtoi64(rl_test_clock_ms, NULL, 10);
-	return GetCurrentTimestamp() / 1000 +
-		(int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * 1000;
-}
-
 /* The local bucket's key: database, policy, version and subject, hashed (never 0). */
 static uint64
 local_key(const DecisionRequest *request)
@@ -120,7 +110,7 @@ decision_local(const DecisionRequest *request, BucketMode mode, Decision *decisi
 {
 	BucketResult result;
 
-	local_apply(&request->policy.local_bucket, local_key(request), decision_now_ms(),
+	local_apply(&request->policy.local_bucket, local_key(request), rl_now_ms(),
 				Min(request->cost, request->policy.local_bucket.capacity), mode, &result);
 	decision_from_bucket(decision, &result, DECISION_SOURCE_LOCAL);
 }
@@ -164,51 +154,66 @@ typedef struct RedisAsk
 	Decision   *decision;
 } RedisAsk;
 
+/*
+ * Fills the DECISION_SCRIPT_ARGS arguments of lua/token_bucket.lua for one
+ * bucket of request, printing its numbers into numbers.
+ */
+void
+decision_script_args(const DecisionRequest *request, ScriptNumbers numbers, const char **args)
+{
+	const BucketParams *bucket = &request->policy.bucket;
+
+	snprintf(numbers[0], sizeof(numbers[0]), INT64_FORMAT, bucket->capacity_units);
+	snprintf(numbers[1], sizeof(numbers[1]), INT64_FORMAT, bucket->rate);
+	snprintf(numbers[2], sizeof(numbers[2]), INT64_FORMAT, bucket->unit);
+	snprintf(numbers[3], sizeof(numbers[3]), INT64_FORMAT, request->cost);
+	snprintf(numbers[4], sizeof(numbers[4]), INT64_FORMAT, bucket->ttl_ms);
+	for (int i = 0; i < 5; i++)
+		args[i] = numbers[i];
+	args[5] = rl_test_clock_ms ? rl_test_clock_ms : "";
+	args[6] = request->mode == BUCKET_PEEK ? "peek" :
+		request->mode == BUCKET_REFUND ? "refund" : "take";
+}
+
 /* Asks Redis; true with decision filled when it answered, else failure says why. */
 static bool
 decide_by_redis(void *arg, RedisFailure *failure)
 {
 	const DecisionRequest *request = ((RedisAsk *) arg)->request;
 	Decision   *decision = ((RedisAsk *) arg)->decision;
-	const Policy *policy = &request->policy;
-	StringInfoData key;
-	StringInfoData refund_key;
+	StringInfoData key = {0};
+	char	   *refund_key = NULL;
 	const char *keys[2];
-	char		numbers[5][24];
-	const char *args[7];
+	ScriptNumbers numbers;
+	const char *args[DECISION_SCRIPT_ARGS];
 	long long	results[4];
 	bool		answered;
 
-	initStringInfo(&key);
-	if (request->key != NULL)
-		appendStringInfoString(&key, request->key);
-	else
-		subject_build_key(&key, policy, request->subject, request->length);
-	keys[0] = key.data;
-	snprintf(numbers[0], sizeof(numbers[0]), INT64_FORMAT, policy->bucket.capacity_units);
-	snprintf(numbers[1], sizeof(numbers[1]), INT64_FORMAT, policy->bucket.rate);
-	snprintf(numbers[2], sizeof(numbers[2]), INT64_FORMAT, policy->bucket.unit);
-	snprintf(numbers[3], sizeof(numbers[3]), INT64_FORMAT, request->cost);
-	snprintf(numbers[4], sizeof(numbers[4]), INT64_FORMAT, policy->bucket.ttl_ms);
-	for (int i = 0; i < 5; i++)
-		args[i] = numbers[i];
-	args[5] = rl_test_clock_ms ? rl_test_clock_ms : "";
-	/* A take leaves the mode out: an unauthenticated Redis refuses over 10 arguments. */
-	args[6] = request->mode == BUCKET_PEEK ? "peek" :
-		request->mode == BUCKET_REFUND ? "refund" : "take";
+	keys[0] = request->key;
+	if (keys[0] == NULL)
+	{
+		initStringInfo(&key);
+		subject_build_key(&key, &request->policy, request->subject, request->length);
+		keys[0] = key.data;
+	}
+	decision_script_args(request, numbers, args);
 
 	/* A refund with an id is done once: its mark shares the bucket's hash tag. */
-	initStringInfo(&refund_key);
 	if (request->refund_id != NULL)
-	{
-		appendStringInfo(&refund_key, "%s:refund:%s", key.data, request->refund_id);
-		keys[1] = refund_key.data;
-	}
+		keys[1] = refund_key = psprintf("%s:refund:%s", keys[0], request->refund_id);
 
-	answered = redis_run_script(&token_bucket_script, request->refund_id ? 2 : 1, keys,
-								request->mode == BUCKET_TAKE ? 6 : 7, args, results, 4, failure);
-	pfree(key.data);
-	pfree(refund_key.data);
+	/*
+	 * A take leaves the mode out: a Redis that wants a password we were not
+	 * given answers NOAUTH only to at most 10 arguments (it drops an
+	 * unauthenticated client that sends more), and NOAUTH is what says why.
+	 */
+	answered = redis_run_script(&token_bucket_script, refund_key ? 2 : 1, keys,
+								request->mode == BUCKET_TAKE ? DECISION_SCRIPT_ARGS - 1 :
+								DECISION_SCRIPT_ARGS, args, results, 4, failure);
+	if (key.data != NULL)
+		pfree(key.data);
+	if (refund_key != NULL)
+		pfree(refund_key);
 	return answered && decision_from_reply(results, decision, failure);
 }
 
@@ -234,10 +239,8 @@ decision_from_reply(const long long *results, Decision *decision, RedisFailure *
 }
 
 /*
- * Checks the (policy, subject, amount) arguments of fcinfo into request:
- * raises the contract's errors for bad input. amount_name names the third
- * argument in messages ("cost" or "amount"); a refund's amount is capped at
- * the capacity instead of rejected above it.
+ * Checks the (policy, subject, cost or amount) arguments of fcinfo into
+ * request for mode: raises the contract's errors for bad input.
  */
 void
 decision_request_init(FunctionCallInfo fcinfo, BucketMode mode, DecisionRequest *request)
@@ -272,7 +275,7 @@ decision_request_check(Oid function_oid, const char *name, const char *subject,
 	request->policy = *policy;	/* a copy: the cache may be reloaded later */
 	request->subject = subject;
 	request->length = length;
-	policy_apply_override(&request->policy, subject, length, decision_now_ms());
+	policy_apply_override(&request->policy, subject, length);
 	policy = &request->policy;
 	if (!policy->usable)
 		ereport(ERROR,
@@ -336,6 +339,16 @@ decision_policy_subject(FunctionCallInfo fcinfo, DecisionRequest *request)
 								  VARDATA_ANY(subject), VARSIZE_ANY_EXHDR(subject), request);
 }
 
+/* Fills the parts of decision that do not depend on who decides: policy, version, capacity. */
+void
+decision_init(const Policy *policy, Decision *decision)
+{
+	memset(decision, 0, sizeof(*decision));
+	strlcpy(decision->policy, policy->name, sizeof(decision->policy));
+	decision->version = policy->version;
+	decision->capacity = policy->bucket.capacity;
+}
+
 /* Runs a checked request: Redis while it answers, else the policy's fail mode. */
 void
 decision_run(const DecisionRequest *request, Decision *decision)
@@ -345,23 +358,18 @@ decision_run(const DecisionRequest *request, Decision *decision)
 	RedisFailure failure;
 	bool		answered;
 
-	memset(decision, 0, sizeof(*decision));
-	strlcpy(decision->policy, policy->name, sizeof(decision->policy));
-	decision->version = policy->version;
-	decision->capacity = policy->bucket.capacity;
-
-	if (request->mode != BUCKET_REFUND && decision_fixed(policy, decision))
-		decision_shadow(policy, decision);
-	else
+	decision_init(policy, decision);
+	/* A refund goes to the bucket whatever answers decisions. */
+	if (request->mode == BUCKET_REFUND || !decision_fixed(policy, decision))
 	{
 		/* While the breaker is open, Redis is not asked at all. */
 		answered = breaker_call(decide_by_redis, &ask, &failure);
 		decision_note_redis(policy, answered, &failure);
 		if (!answered)
 			decide_by_fail_mode(request, decision);
-		if (request->mode != BUCKET_REFUND)
-			decision_shadow(policy, decision);
 	}
+	if (request->mode != BUCKET_REFUND)
+		decision_shadow(policy, decision);
 	if (request->mode == BUCKET_TAKE)
 		decision_observe(request, decision, request->cost);
 }
@@ -429,15 +437,51 @@ decision_make(FunctionCallInfo fcinfo, BucketMode mode, Decision *decision)
 	decision_run(&request, decision);
 }
 
-/* The DETAIL of a denial: the retry-after in whole seconds, rounded up (for Retry-After). */
-static int
-retry_after_detail(const Decision *decision)
+/*
+ * Milliseconds as whole seconds, rounded up: a client told to wait less than
+ * the bucket needs would only be denied again. Negative counts as 0.
+ */
+int64
+decision_seconds_up(int64 ms)
 {
-	int64		seconds = (decision->retry_after_ms + 999) / 1000;
+	if (ms <= 0)
+		return 0;
+	/* Not (ms + 999) / 1000, which overflows near INT64_MAX. */
+	return ms / 1000 + (ms % 1000 != 0);
+}
 
-	return errdetail_plural("Retry after " INT64_FORMAT " second.",
-							"Retry after " INT64_FORMAT " seconds.",
-							(unsigned long) seconds, seconds);
+/* A denial's retry-after in whole seconds: at least 1, since 0 invites an immediate retry. */
+int64
+decision_retry_after_seconds(const Decision *decision)
+{
+	return Max(decision_seconds_up(decision->retry_after_ms), 1);
+}
+
+/*
+ * How rl_enforce words a denial: RL503 when Redis could not answer and the
+ * policy fails closed, else RL429. The detail gives the retry-after in whole
+ * seconds (what an HTTP Retry-After takes). Never the subject or a key.
+ */
+void
+decision_denial(const Decision *decision, DecisionDenial *denial)
+{
+	int64		seconds = decision_retry_after_seconds(decision);
+
+	denial->unavailable = decision->source == DECISION_SOURCE_FAIL_CLOSED;
+	denial->message = psprintf(denial->unavailable ? "rate limiter unavailable for policy \"%s\"" :
+							   "rate limit exceeded for policy \"%s\"", decision->policy);
+	denial->detail = psprintf(seconds == 1 ? "Retry after " INT64_FORMAT " second." :
+							  "Retry after " INT64_FORMAT " seconds.", seconds);
+	denial->hint = denial->unavailable ? pstrdup("Redis did not answer and the policy fails closed.") :
+		psprintf("Wait before retrying; the limit is " INT64_FORMAT ".", decision->capacity);
+}
+
+/* True when decisions of policy (a request's copy) need no bucket: see decision_fixed. */
+bool
+decision_needs_no_bucket(const Policy *policy)
+{
+	return policy->mode == POLICY_MODE_DISABLED || policy->override == OVERRIDE_ALLOW ||
+		policy->override == OVERRIDE_DENY;
 }
 
 /*
@@ -449,8 +493,7 @@ retry_after_detail(const Decision *decision)
 bool
 decision_fixed(const Policy *policy, Decision *decision)
 {
-	if (policy->mode != POLICY_MODE_DISABLED && policy->override != OVERRIDE_ALLOW &&
-		policy->override != OVERRIDE_DENY)
+	if (!decision_needs_no_bucket(policy))
 		return false;
 	decision->allowed = policy->override != OVERRIDE_DENY || policy->mode == POLICY_MODE_DISABLED;
 	decision->remaining = decision->allowed ? policy->bucket.capacity : 0;
@@ -482,23 +525,19 @@ decision_shadow(const Policy *policy, Decision *decision)
 void
 decision_enforce(Oid function_oid, const Decision *decision)
 {
-	if (!decision->allowed && rl_postgrest_errors)
+	DecisionDenial denial;
+
+	if (decision->allowed)
+		return;
+	if (rl_postgrest_errors)
 		headers_raise_postgrest(function_oid, decision);
-	if (!decision->allowed && decision->source == DECISION_SOURCE_FAIL_CLOSED)
-		ereport(ERROR,
-				(errhidestmt(true),
-				 errcode(ERRCODE_RL_UNAVAILABLE),
-				 errmsg("rate limiter unavailable for policy \"%s\"", decision->policy),
-				 retry_after_detail(decision),
-				 errhint("Redis did not answer and the policy fails closed.")));
-	if (!decision->allowed)
-		ereport(ERROR,
-				(errhidestmt(true),
-				 errcode(ERRCODE_RL_RATE_LIMIT_EXCEEDED),
-				 errmsg("rate limit exceeded for policy \"%s\"", decision->policy),
-				 retry_after_detail(decision),
-				 errhint("Wait before retrying; the limit is " INT64_FORMAT ".",
-						 decision->capacity)));
+	decision_denial(decision, &denial);
+	ereport(ERROR,
+			(errhidestmt(true),
+			 errcode(denial.unavailable ? ERRCODE_RL_UNAVAILABLE : ERRCODE_RL_RATE_LIMIT_EXCEEDED),
+			 errmsg_internal("%s", denial.message),
+			 errdetail_internal("%s", denial.detail),
+			 errhint("%s", denial.hint)));
 }
 
 /* The source column's text. */

@@ -36,8 +36,10 @@ typedef struct Decision
 	DecisionSource origin;		/* for source 'shadow': who would have denied */
 } Decision;
 
-/* lua/token_bucket.lua, run by decision.c and multi.c. */
+/* lua/token_bucket.lua, run by decision.c and multi.c, with 7 arguments per bucket. */
 extern RedisScript token_bucket_script;
+#define DECISION_SCRIPT_ARGS 7
+typedef char ScriptNumbers[5][24];
 
 /* One call's checked arguments. */
 typedef struct DecisionRequest
@@ -61,13 +63,29 @@ extern const Policy *decision_policy_subject(FunctionCallInfo fcinfo, DecisionRe
 extern void decision_note_redis(const Policy *policy, bool answered, const RedisFailure *failure);
 extern void decision_observe(const DecisionRequest *request, const Decision *decision, int64 cost);
 extern const char *decision_source_name(DecisionSource source);
-extern int64 decision_now_ms(void);
+extern void decision_script_args(const DecisionRequest *request, ScriptNumbers numbers,
+								 const char **args);
+extern void decision_init(const Policy *policy, Decision *decision);
 extern void decision_run(const DecisionRequest *request, Decision *decision);
 extern void decision_refund_local(const DecisionRequest *request);
 extern bool decision_local_possible(const DecisionRequest *request);
 extern void decision_local(const DecisionRequest *request, BucketMode mode, Decision *decision);
 extern bool decision_reset(const DecisionRequest *request);
 extern void decision_enforce(Oid function_oid, const Decision *decision);
+extern bool decision_needs_no_bucket(const Policy *policy);
+extern int64 decision_seconds_up(int64 ms);
+extern int64 decision_retry_after_seconds(const Decision *decision);
+
+/* How rl_enforce words a denial (palloc'd texts). */
+typedef struct DecisionDenial
+{
+	bool		unavailable;	/* RL503: Redis could not answer, the policy fails closed */
+	char	   *message;
+	char	   *detail;
+	char	   *hint;
+} DecisionDenial;
+
+extern void decision_denial(const Decision *decision, DecisionDenial *denial);
 extern bool decision_fixed(const Policy *policy, Decision *decision);
 extern void decision_shadow(const Policy *policy, Decision *decision);
 extern bool decision_from_reply(const long long *results, Decision *decision,

@@ -57,26 +57,6 @@ header_add(HeaderSet *set, const char *name, char *value)
 }
 
 /*
- * Milliseconds as whole seconds, rounded up: a client told to wait less than
- * the bucket needs would only be denied again. Negative counts as 0.
- */
-static int64
-seconds_rounded_up(int64 ms)
-{
-	if (ms <= 0)
-		return 0;
-	/* Not (ms + 999) / 1000, which overflows near INT64_MAX. */
-	return ms / 1000 + (ms % 1000 != 0);
-}
-
-/* Retry-After's seconds: at least 1, since "Retry-After: 0" invites an immediate retry. */
-static int64
-retry_after_seconds(const Decision *decision)
-{
-	return Max(seconds_rounded_up(decision->retry_after_ms), 1);
-}
-
-/*
  * Appends name as a structured-field string (RFC 8941, section 3.3.3). Table
  * policy names need no escaping, but a hand-built rl_decision can hold any
  * text, and a header value must never carry a line break.
@@ -125,7 +105,7 @@ add_policy_field(HeaderSet *set, const Decision *decision, const Policy *limits,
 		appendStringInfoString(&value, ";qu=\"concurrent-requests\"");
 	else if (limits != NULL)
 		appendStringInfo(&value, ";w=" INT64_FORMAT,
-						 seconds_rounded_up(bucket_refill_ms(&limits->bucket)));
+						 decision_seconds_up(bucket_refill_ms(&limits->bucket)));
 	header_add(set, "RateLimit-Policy", value.data);
 }
 
@@ -173,11 +153,11 @@ headers_build(Oid function_oid, const Decision *decision, bool legacy, HeaderSet
 	add_policy_field(set, decision, known ? &limits : NULL, legacy);
 	if (decision->source == DECISION_SOURCE_REDIS || decision->source == DECISION_SOURCE_LOCAL)
 		add_service_limit(set, decision, decision->remaining,
-						  seconds_rounded_up(decision->reset_after_ms), legacy);
+						  decision_seconds_up(decision->reset_after_ms), legacy);
 	else if (decision->source == DECISION_SOURCE_OVERRIDE && !decision->allowed)
-		add_service_limit(set, decision, 0, retry_after_seconds(decision), legacy);
+		add_service_limit(set, decision, 0, decision_retry_after_seconds(decision), legacy);
 	if (!decision->allowed)
-		header_add(set, "Retry-After", psprintf(INT64_FORMAT, retry_after_seconds(decision)));
+		header_add(set, "Retry-After", psprintf(INT64_FORMAT, decision_retry_after_seconds(decision)));
 }
 
 /* set as a jsonb object of header name to string value. */
@@ -247,27 +227,22 @@ append_json_member(StringInfo buf, const char *key, const char *value)
 void
 headers_raise_postgrest(Oid function_oid, const Decision *decision)
 {
-	bool		unavailable = decision->source == DECISION_SOURCE_FAIL_CLOSED;
-	int64		seconds = retry_after_seconds(decision);
+	DecisionDenial denial;
+	bool		unavailable;
 	HeaderSet	set;
 	StringInfoData message;
 	StringInfoData detail;
 
 	headers_build(function_oid, decision, false, &set);
+	decision_denial(decision, &denial);
+	unavailable = denial.unavailable;
 
 	initStringInfo(&message);
 	appendStringInfoString(&message, "{\"code\":");
 	escape_json(&message, unavailable ? "RL503" : "RL429");
-	append_json_member(&message, "message",
-					   psprintf(unavailable ? "rate limiter unavailable for policy \"%s\"" :
-								"rate limit exceeded for policy \"%s\"", decision->policy));
-	append_json_member(&message, "details",
-					   psprintf(seconds == 1 ? "Retry after " INT64_FORMAT " second." :
-								"Retry after " INT64_FORMAT " seconds.", seconds));
-	append_json_member(&message, "hint", unavailable ?
-					   "Redis did not answer and the policy fails closed." :
-					   psprintf("Wait before retrying; the limit is " INT64_FORMAT ".",
-								decision->capacity));
+	append_json_member(&message, "message", denial.message);
+	append_json_member(&message, "details", denial.detail);
+	append_json_member(&message, "hint", denial.hint);
 	appendStringInfoChar(&message, '}');
 
 	initStringInfo(&detail);

@@ -117,17 +117,7 @@ lease_fail_mode(const Policy *policy, Decision *decision)
 	decision->reset_after_ms = decision->retry_after_ms;
 }
 
-/* Fills the parts of decision that do not depend on who decided. */
-static void
-lease_decision_init(const Policy *policy, Decision *decision)
-{
-	memset(decision, 0, sizeof(*decision));
-	strlcpy(decision->policy, policy->name, sizeof(decision->policy));
-	decision->version = policy->version;
-	decision->capacity = policy->bucket.capacity;
-}
-
-/* Builds the lease set's key for request (palloc'd in the current context). */
+/* Builds the lease set's key for request (palloc'd in the current context, no bigger than it). */
 static char *
 lease_key(const DecisionRequest *request)
 {
@@ -136,7 +126,7 @@ lease_key(const DecisionRequest *request)
 
 	initStringInfo(&key);
 	subject_build_key(&key, &request->policy, request->subject, request->length);
-	copy = pstrdup(key.data);
+	copy = pstrdup(key.data);	/* a StringInfo keeps 1 kB: a held lease keeps only the key */
 	pfree(key.data);
 	return copy;
 }
@@ -301,18 +291,16 @@ lease_init(void)
 void
 lease_peek(const DecisionRequest *request, Decision *decision)
 {
-	char	   *key = lease_key(request);
-
-	lease_decision_init(&request->policy, decision);
-	if (decision_fixed(&request->policy, decision))
+	decision_init(&request->policy, decision);
+	if (!decision_fixed(&request->policy, decision))
 	{
-		decision_shadow(&request->policy, decision);
-		return;
+		char	   *key = lease_key(request);
+
+		if (!lease_call(&request->policy, key, "", "peek", decision, NULL))
+			lease_fail_mode(&request->policy, decision);
+		pfree(key);
 	}
-	if (!lease_call(&request->policy, key, "", "peek", decision, NULL))
-		lease_fail_mode(&request->policy, decision);
 	decision_shadow(&request->policy, decision);
-	pfree(key);
 }
 
 /* Checks the arguments of rl_acquire or rl_release into request: a concurrency policy. */
@@ -344,6 +332,7 @@ rl_acquire(PG_FUNCTION_ARGS)
 	char	   *scope;
 	bool		session;
 	Lease	   *lease;
+	char	   *id;
 	MemoryContext old_context;
 	bool		unsure;
 
@@ -361,15 +350,31 @@ rl_acquire(PG_FUNCTION_ARGS)
 				 errmsg("scope must be 'transaction' or 'session'")));
 	session = strcmp(scope, "session") == 0;
 
-	/* The lease is remembered before it is taken, so that no path forgets it. */
+	/* A disabled policy or an 'allow' or 'deny' subject takes no lease. */
+	decision_init(&request.policy, &decision);
+	if (decision_fixed(&request.policy, &decision))
+	{
+		decision_shadow(&request.policy, &decision);
+		decision_observe(&request, &decision, 1);
+		return decision_to_datum(fcinfo, &decision);
+	}
+
+	/*
+	 * The lease is listed before Redis is asked: a call cut short (timeout,
+	 * cancel) may still have taken it, and releasing an id that was never
+	 * taken is harmless.
+	 */
 	old_context = MemoryContextSwitchTo(lease_context);
 	lease = palloc0(sizeof(Lease));
 	lease->key = lease_key(&request);
 	lease->subject = pnstrdup(request.subject, request.length);
-	strlcpy(lease->id, rl_unique_id(), sizeof(lease->id));
+	id = rl_unique_id();
+	strlcpy(lease->id, id, sizeof(lease->id));
+	pfree(id);
 	lease->policy = request.policy;
 	lease->session = session;
 	lease->subxact = GetCurrentSubTransactionId();
+	leases = lappend(leases, lease);
 	MemoryContextSwitchTo(old_context);
 	if (!exit_callback_registered)
 	{
@@ -377,22 +382,6 @@ rl_acquire(PG_FUNCTION_ARGS)
 		exit_callback_registered = true;
 	}
 
-	/*
-	 * Listed before Redis is asked: a call cut short (timeout, cancel) may
-	 * still have taken it, and releasing an id that was never taken is harmless.
-	 */
-	old_context = MemoryContextSwitchTo(lease_context);
-	leases = lappend(leases, lease);
-	MemoryContextSwitchTo(old_context);
-
-	lease_decision_init(&request.policy, &decision);
-	if (decision_fixed(&request.policy, &decision))
-	{
-		lease_forget(lease);
-		decision_shadow(&request.policy, &decision);
-		decision_observe(&request, &decision, 1);
-		return decision_to_datum(fcinfo, &decision);
-	}
 	if (!lease_call(&request.policy, lease->key, lease->id, "acquire", &decision, &unsure))
 	{
 		lease_fail_mode(&request.policy, &decision);

@@ -101,6 +101,18 @@ slot_matches(const LocalSlot *slot, const BucketParams *params)
 		slot->capacity_units == params->capacity_units;
 }
 
+/* The parameters a slot's bucket was made with: params, in the slot's own units. */
+static BucketParams
+slot_params(const LocalSlot *slot, const BucketParams *params)
+{
+	BucketParams own = *params;
+
+	own.unit = slot->unit;
+	own.rate = slot->rate;
+	own.capacity_units = slot->capacity_units;
+	return own;
+}
+
 /* Puts a new, full bucket for key into slot. */
 static void
 slot_claim(LocalSlot *slot, uint64 key, const BucketParams *params, int64 now_ms)
@@ -120,12 +132,9 @@ slot_claim(LocalSlot *slot, uint64 key, const BucketParams *params, int64 now_ms
 static void
 slot_convert(LocalSlot *slot, const BucketParams *params, int64 now_ms)
 {
-	BucketParams old = *params;
+	BucketParams old = slot_params(slot, params);
 	BucketResult held;
 
-	old.unit = slot->unit;
-	old.rate = slot->rate;
-	old.capacity_units = slot->capacity_units;
 	bucket_apply(&old, &slot->state, now_ms, 0, BUCKET_PEEK, &held);
 	slot->unit = params->unit;
 	slot->rate = params->rate;
@@ -152,7 +161,7 @@ local_apply(const BucketParams *params, uint64 key, int64 now_ms, int64 cost,
 	LocalSlot  *reusable = NULL;
 	int64		soonest_full = PG_INT64_MAX;
 
-	Assert(key != 0 && cost > 0 && cost <= params->capacity);
+	Assert(key != 0 && cost >= 0 && cost <= params->capacity);
 	LWLockAcquire(&locks[partition].lock, LW_EXCLUSIVE);
 	for (int i = 0; i < LOCAL_PROBES && chosen == NULL; i++)
 	{
@@ -169,10 +178,7 @@ local_apply(const BucketParams *params, uint64 key, int64 now_ms, int64 cost,
 		else if (reusable == NULL)
 		{
 			/* A bucket is judged by the parameters it was made with. */
-			own = *params;
-			own.unit = slot->unit;
-			own.rate = slot->rate;
-			own.capacity_units = slot->capacity_units;
+			own = slot_params(slot, params);
 			if (bucket_is_full(&own, &slot->state, now_ms))
 				reusable = slot;
 			else

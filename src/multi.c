@@ -34,40 +34,44 @@ typedef struct MultiCall
 	int			count;
 	DecisionRequest *requests;
 	Decision   *decisions;
+	bool	   *fixed;			/* decided without a bucket (decision_fixed): not in Redis */
+	int			asked;			/* checks that go to Redis */
 } MultiCall;
 
-/* Runs every check in one script call; true with the decisions filled when Redis answered. */
+/*
+ * Runs every check that needs a bucket in one script call; true with their
+ * decisions filled when Redis answered.
+ */
 static bool
 multi_redis(void *arg, RedisFailure *failure)
 {
 	MultiCall  *call = arg;
-	int			count = call->count;
-	const char **keys = palloc(count * sizeof(char *));
-	const char **args = palloc(7 * count * sizeof(char *));
-	long long  *results = palloc(4 * count * sizeof(long long));
+	const char **keys = palloc(call->asked * sizeof(char *));
+	const char **args = palloc(DECISION_SCRIPT_ARGS * call->asked * sizeof(char *));
+	ScriptNumbers *numbers = palloc(call->asked * sizeof(ScriptNumbers));
+	long long  *results = palloc(4 * call->asked * sizeof(long long));
 	bool		answered;
+	int			n = 0;
 
-	for (int i = 0; i < count; i++)
+	for (int i = 0; i < call->count; i++)
 	{
 		const DecisionRequest *request = &call->requests[i];
-		const BucketParams *bucket = &request->policy.bucket;
 		StringInfoData key;
 
+		if (call->fixed[i])
+			continue;
 		initStringInfo(&key);
 		subject_build_key(&key, &request->policy, request->subject, request->length);
-		keys[i] = key.data;
-		args[7 * i] = psprintf(INT64_FORMAT, bucket->capacity_units);
-		args[7 * i + 1] = psprintf(INT64_FORMAT, bucket->rate);
-		args[7 * i + 2] = psprintf(INT64_FORMAT, bucket->unit);
-		args[7 * i + 3] = psprintf(INT64_FORMAT, request->cost);
-		args[7 * i + 4] = psprintf(INT64_FORMAT, bucket->ttl_ms);
-		args[7 * i + 5] = rl_test_clock_ms ? rl_test_clock_ms : "";
-		args[7 * i + 6] = "take";
+		keys[n] = key.data;
+		decision_script_args(request, numbers[n], &args[DECISION_SCRIPT_ARGS * n]);
+		n++;
 	}
-	answered = redis_run_script(&token_bucket_script, count, keys, 7 * count, args,
-								results, 4 * count, failure);
-	for (int i = 0; answered && i < count; i++)
-		answered = decision_from_reply(&results[4 * i], &call->decisions[i], failure);
+	answered = redis_run_script(&token_bucket_script, n, keys, DECISION_SCRIPT_ARGS * n, args,
+								results, 4 * n, failure);
+	n = 0;
+	for (int i = 0; answered && i < call->count; i++)
+		if (!call->fixed[i])
+			answered = decision_from_reply(&results[4 * n++], &call->decisions[i], failure);
 	return answered;
 }
 
@@ -81,7 +85,7 @@ multi_only_shadow_short(const MultiCall *call)
 	{
 		const Decision *decision = &call->decisions[i];
 
-		if (decision->allowed || decision->retry_after_ms == 0)
+		if (call->fixed[i] || decision->allowed || decision->retry_after_ms == 0)
 			continue;
 		if (call->requests[i].policy.mode != POLICY_MODE_SHADOW)
 			return false;
@@ -99,21 +103,23 @@ multi_fail_mode(MultiCall *call)
 
 	/*
 	 * A 'closed' check (or a 'local' one without a usable local bucket) closes
-	 * the group, unless its policy is disabled or in shadow mode, or its subject
-	 * has an 'allow' override: those never deny.
+	 * the group, unless its policy is in shadow mode. Checks decided without a
+	 * bucket (disabled, an 'allow' override) never deny.
 	 */
 	for (int i = 0; i < call->count; i++)
 	{
 		const Policy *policy = &call->requests[i].policy;
 
-		if (policy->fail_mode != FAIL_MODE_OPEN && policy->mode == POLICY_MODE_ENFORCE &&
-			policy->override != OVERRIDE_ALLOW && !decision_local_possible(&call->requests[i]))
+		if (!call->fixed[i] && policy->fail_mode != FAIL_MODE_OPEN &&
+			policy->mode == POLICY_MODE_ENFORCE && !decision_local_possible(&call->requests[i]))
 			denied = true;
 	}
 	for (int i = 0; !denied && i < call->count; i++)
 	{
 		Decision   *decision = &call->decisions[i];
 
+		if (call->fixed[i])
+			continue;
 		if (call->requests[i].policy.fail_mode == FAIL_MODE_OPEN)
 		{
 			decision->allowed = true;
@@ -174,8 +180,11 @@ static void
 multi_decide(MultiCall *call)
 {
 	RedisFailure failure;
-	bool		answered = breaker_call(multi_redis, call, &failure);
+	bool		answered;
 
+	if (call->asked == 0)
+		return;					/* every check was decided without a bucket */
+	answered = breaker_call(multi_redis, call, &failure);
 	decision_note_redis(&call->requests[0].policy, answered, &failure);
 	if (answered && multi_only_shadow_short(call))
 	{
@@ -183,12 +192,12 @@ multi_decide(MultiCall *call)
 
 		memcpy(kept, call->decisions, call->count * sizeof(Decision));
 		for (int i = 0; i < call->count; i++)
-			if (!kept[i].allowed && kept[i].retry_after_ms > 0)
+			if (!call->fixed[i] && !kept[i].allowed && kept[i].retry_after_ms > 0)
 				call->requests[i].cost = 0;
 		answered = breaker_call(multi_redis, call, &failure);
 		decision_note_redis(&call->requests[0].policy, answered, &failure);
 		for (int i = 0; answered && i < call->count; i++)
-			if (!kept[i].allowed && kept[i].retry_after_ms > 0)
+			if (!call->fixed[i] && !kept[i].allowed && kept[i].retry_after_ms > 0)
 				call->decisions[i] = kept[i];
 	}
 	if (!answered)
@@ -280,6 +289,8 @@ rl_consume_all(PG_FUNCTION_ARGS)
 
 	call.requests = palloc0(call.count * sizeof(DecisionRequest));
 	call.decisions = palloc0(call.count * sizeof(Decision));
+	call.fixed = palloc0(call.count * sizeof(bool));
+	call.asked = 0;
 	initStringInfo(&first_tag);
 	initStringInfo(&tag);
 	for (int i = 0; i < call.count; i++)
@@ -306,29 +317,26 @@ rl_consume_all(PG_FUNCTION_ARGS)
 							   i + 1),
 					 errhint("Write related subjects as 'tenant/user': the part before the '/' is the hash tag.")));
 
-		strlcpy(decision->policy, request->policy.name, sizeof(decision->policy));
-		decision->version = request->policy.version;
-		decision->capacity = request->policy.bucket.capacity;
+		decision_init(&request->policy, decision);
 	}
 
 	/* Checked before anything is charged: a context that takes no set fails here. */
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 	/*
 	 * A check decided without a bucket (disabled policy, 'allow' or 'deny'
-	 * override) takes 0 tokens. An enforced 'deny' denies the whole group
-	 * without asking Redis: every check then waits as long as that override.
+	 * override) is not sent to Redis. An enforced 'deny' denies the whole
+	 * group without asking Redis: every check then waits as long as it.
 	 */
 	denied_for_ms = -1;
 	for (int i = 0; i < call.count; i++)
 	{
 		const Policy *policy = &call.requests[i].policy;
 
-		if (decision_fixed(policy, &call.decisions[i]))
-		{
-			call.requests[i].cost = 0;
-			if (!call.decisions[i].allowed && policy->mode == POLICY_MODE_ENFORCE)
-				denied_for_ms = Max(denied_for_ms, call.decisions[i].retry_after_ms);
-		}
+		call.fixed[i] = decision_fixed(policy, &call.decisions[i]);
+		if (!call.fixed[i])
+			call.asked++;
+		else if (!call.decisions[i].allowed && policy->mode == POLICY_MODE_ENFORCE)
+			denied_for_ms = Max(denied_for_ms, call.decisions[i].retry_after_ms);
 	}
 	if (denied_for_ms >= 0)
 		multi_denied_by_override(&call, denied_for_ms);
@@ -338,8 +346,9 @@ rl_consume_all(PG_FUNCTION_ARGS)
 	{
 		Decision   *decision = &call.decisions[i];
 
-		/* Fixed answers replace the bucket's; shadow lets a denial through. */
-		(void) decision_fixed(&call.requests[i].policy, decision);
+		/* Fixed answers stand (a failing group may have denied them too); shadow lets a denial through. */
+		if (call.fixed[i])
+			(void) decision_fixed(&call.requests[i].policy, decision);
 		decision_shadow(&call.requests[i].policy, decision);
 		decision_observe(&call.requests[i], decision, costs ? DatumGetInt64(costs[i]) : 1);
 	}

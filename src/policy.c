@@ -242,13 +242,6 @@ override_hash(const char *policy, const char *subject, int length)
 												   strlen(policy), 0));
 }
 
-/* Milliseconds since the Unix epoch of a timestamptz. */
-static int64
-timestamp_epoch_ms(TimestampTz timestamp)
-{
-	return timestamp / 1000 + (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * 1000;
-}
-
 /*
  * Reads every row of rl_override (locked by the caller) into cache, and the
  * 'limit' ones into versions, allocated in context.
@@ -256,7 +249,8 @@ timestamp_epoch_ms(TimestampTz timestamp)
 static void
 load_overrides(HTAB *cache, HTAB *versions, MemoryContext context, Oid relid, Snapshot snapshot)
 {
-	int64		now_ms = timestamp_epoch_ms(GetCurrentTimestamp());
+	/* The server's clock, not a test clock that may move back: expired here is for good. */
+	int64		now_ms = rl_epoch_ms(GetCurrentTimestamp());
 	Relation	rel = table_open(relid, NoLock);
 	TupleDesc	desc = RelationGetDescr(rel);
 	int			policy_col = policy_attnum(rel, "policy"),
@@ -284,7 +278,7 @@ load_overrides(HTAB *cache, HTAB *versions, MemoryContext context, Oid relid, Sn
 
 		heap_deform_tuple(tuple, desc, values, nulls);
 		expires_ms = nulls[expires_at_col] ? 0 :
-			timestamp_epoch_ms(DatumGetTimestampTz(values[expires_at_col]));
+			rl_epoch_ms(DatumGetTimestampTz(values[expires_at_col]));
 		/* One that has expired never applies again: it is not kept. */
 		if (expires_ms != 0 && expires_ms <= now_ms)
 			continue;
@@ -450,16 +444,17 @@ policy_lookup(Oid function_oid, const char *name)
 }
 
 /*
- * Applies the subject's override, if it has one that has not expired at now_ms,
+ * Applies the subject's override, if it has one that has not expired (rl_now_ms),
  * to policy (a request's copy of a cached policy): other limits and a version
  * of their own, or a fixed answer (decision_fixed).
  */
 void
-policy_apply_override(Policy *policy, const char *subject, int length, int64 now_ms)
+policy_apply_override(Policy *policy, const char *subject, int length)
 {
 	OverrideEntry *entry;
 	const Override *override;
 	uint64		hash;
+	int64		now_ms;
 
 	if (override_cache == NULL || hash_get_num_entries(override_cache) == 0)
 		return;
@@ -469,7 +464,10 @@ policy_apply_override(Policy *policy, const char *subject, int length, int64 now
 		if (override->length == length && memcmp(override->subject, subject, length) == 0 &&
 			strcmp(override->policy, policy->name) == 0)
 			break;
-	if (override == NULL || (override->expires_ms != 0 && override->expires_ms <= now_ms))
+	if (override == NULL)
+		return;
+	now_ms = rl_now_ms();
+	if (override->expires_ms != 0 && override->expires_ms <= now_ms)
 		return;
 
 	policy->override = override->action;

@@ -60,7 +60,6 @@ extern void policy_cache_init(void);
 extern const Policy *policy_lookup(Oid function_oid, const char *name);
 extern const char *policy_fail_mode_name(FailMode mode);
 extern bool policy_limits(Oid function_oid, const char *name, int32 version, Policy *out);
-extern void policy_apply_override(Policy *policy, const char *subject, int length,
-								  int64 now_ms);
+extern void policy_apply_override(Policy *policy, const char *subject, int length);
 
 #endif							/* RL_POLICY_H */

@@ -375,6 +375,22 @@ rl_reset(PG_FUNCTION_ARGS)
 	PG_RETURN_BOOL(done);
 }
 
+/* Milliseconds since the Unix epoch of a timestamp. */
+int64
+rl_epoch_ms(TimestampTz timestamp)
+{
+	return timestamp / 1000 + (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * 1000;
+}
+
+/* Now in ms since the epoch: ratelimit.test_clock_ms when set, else this server's clock. */
+int64
+rl_now_ms(void)
+{
+	if (rl_test_clock_ms != NULL && rl_test_clock_ms[0] != '\0')
+		return strtoi64(rl_test_clock_ms, NULL, 10);
+	return rl_epoch_ms(GetCurrentTimestamp());
+}
+
 /*
  * A palloc'd id no other backend, here or on another server sharing the Redis,
  * will make: pid, start time, a random per-backend nonce, a counter.

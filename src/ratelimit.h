@@ -8,6 +8,7 @@
 
 #include "postgres.h"
 
+#include "datatype/timestamp.h"
 #include "portability/instr_time.h"
 
 #if PG_VERSION_NUM < 150000
@@ -48,6 +49,8 @@ typedef enum LogDecisions
 } LogDecisions;
 
 extern char *rl_unique_id(void);
+extern int64 rl_epoch_ms(TimestampTz timestamp);
+extern int64 rl_now_ms(void);
 
 /* Microseconds on a monotonic clock: deadlines must not move when the wall clock does. */
 static inline int64

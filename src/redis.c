@@ -26,6 +26,7 @@
 #include "pgstat.h"
 #include "storage/fd.h"
 #include "storage/latch.h"
+#include "utils/builtins.h"
 #include "utils/memutils.h"
 #if PG_VERSION_NUM >= 170000
 #include "utils/wait_event.h"
@@ -396,8 +397,7 @@ redis_script_prepare(RedisScript *script)
 				(errcode(ERRCODE_OUT_OF_MEMORY),
 				 errmsg("could not compute the SHA1 of script %s", script->name)));
 	pg_cryptohash_free(context);
-	for (int i = 0; i < SHA1_DIGEST_LENGTH; i++)
-		snprintf(script->sha1 + 2 * i, 3, "%02x", digest[i]);
+	script->sha1[hex_encode((const char *) digest, SHA1_DIGEST_LENGTH, script->sha1)] = '\0';
 }
 
 /* Queues EVALSHA (or EVAL with the body) of script for keys and args. */

@@ -40,30 +40,28 @@ typedef struct Reservation
 static List *reservations = NIL;
 static MemoryContext reservation_context = NULL;
 
-/* Remembers what a granted rl_reserve took, until its transaction ends. */
+/*
+ * Remembers what a granted rl_reserve took, until its transaction ends. The
+ * request carries the key of its bucket: the refund goes there, whatever the
+ * settings say at rollback time.
+ */
 static void
 reservation_remember(const DecisionRequest *request, DecisionSource source)
 {
 	MemoryContext old_context = MemoryContextSwitchTo(reservation_context);
 	SubTransactionId subxact = GetCurrentSubTransactionId();
-	StringInfoData key;
 	Reservation *reservation;
 	char	   *subject;
-
-	/* The bucket it came from, whatever the settings say at rollback time. */
-	initStringInfo(&key);
-	subject_build_key(&key, &request->policy, request->subject, request->length);
 
 	/* Rows of one statement charge one bucket again and again: one refund for them all. */
 	if (reservations != NIL)
 	{
 		reservation = llast(reservations);
 		if (reservation->source == source && reservation->subxact == subxact &&
-			strcmp(reservation->request.key, key.data) == 0)
+			strcmp(reservation->request.key, request->key) == 0)
 		{
 			reservation->request.cost = Min(reservation->request.cost + request->cost,
 											request->policy.bucket.capacity);
-			pfree(key.data);
 			MemoryContextSwitchTo(old_context);
 			return;
 		}
@@ -75,13 +73,12 @@ reservation_remember(const DecisionRequest *request, DecisionSource source)
 	reservation->request = *request;
 	reservation->request.subject = subject;
 	reservation->request.mode = BUCKET_REFUND;
-	reservation->request.key = pstrdup(key.data);
+	reservation->request.key = pstrdup(request->key);
 	reservation->request.refund_id = rl_unique_id();
 	reservation->source = source;
 	reservation->subxact = subxact;
 	reservation->redis_url = pstrdup(rl_redis_url ? rl_redis_url : "");
 	reservations = lappend(reservations, reservation);
-	pfree(key.data);
 	MemoryContextSwitchTo(old_context);
 }
 
@@ -260,10 +257,18 @@ reservation_init(void)
 void
 reservation_take(const DecisionRequest *request, Decision *decision)
 {
-	decision_run(request, decision);
+	DecisionRequest take = *request;
+	StringInfoData key;
+
+	/* The key is built once: for the take, and for the refund. */
+	initStringInfo(&key);
+	subject_build_key(&key, &take.policy, take.subject, take.length);
+	take.key = key.data;
+	decision_run(&take, decision);
 	if (decision->allowed &&
 		(decision->source == DECISION_SOURCE_REDIS || decision->source == DECISION_SOURCE_LOCAL))
-		reservation_remember(request, decision->source);
+		reservation_remember(&take, decision->source);
+	pfree(key.data);
 }
 
 PG_FUNCTION_INFO_V1(rl_reserve);

@@ -98,21 +98,41 @@ append_safe(StringInfo key, const char *text, int length)
 	subject_hash(key, text, length);
 }
 
-/* The scope segment's source: ratelimit.key_scope, else this database's name. */
+/*
+ * The scope segment of every key: ratelimit.key_scope (a safe id, checked when
+ * set), else this database's name, safe or hashed. A hashed name is kept with
+ * the secret it was hashed with, so that it is hashed again only when that changes.
+ */
 static const char *
-key_scope(void)
+key_scope_segment(void)
 {
 	static char *database_name = NULL;
+	static char *segment = NULL;
+	static char *hashed_with = NULL;	/* NULL: the name is a safe id */
+	const char *secret = rl_subject_secret ? rl_subject_secret : "";
+	StringInfoData rendered;
 
 	if (rl_key_scope != NULL && rl_key_scope[0] != '\0')
 		return rl_key_scope;
+	if (segment != NULL && (hashed_with == NULL || strcmp(hashed_with, secret) == 0))
+		return segment;
 	if (database_name == NULL)
 	{
 		char	   *name = get_database_name(MyDatabaseId);
 
 		database_name = MemoryContextStrdup(TopMemoryContext, name ? name : "");
 	}
-	return database_name;
+	initStringInfo(&rendered);
+	append_safe(&rendered, database_name, strlen(database_name));
+	if (segment != NULL)
+		pfree(segment);
+	if (hashed_with != NULL)
+		pfree(hashed_with);
+	segment = MemoryContextStrdup(TopMemoryContext, rendered.data);
+	hashed_with = subject_is_safe_id(database_name, strlen(database_name)) ? NULL :
+		MemoryContextStrdup(TopMemoryContext, secret);
+	pfree(rendered.data);
+	return segment;
 }
 
 /* Length of the hash tag part of subject: the safe id before a "/", or 0 if none. */
@@ -126,6 +146,16 @@ subject_tag_length(const char *subject, int length)
 	return 0;
 }
 
+/* Appends the hash tag of subject, whose tag part is tag bytes long (subject_tag_length). */
+static void
+append_hash_tag(StringInfo out, const char *subject, int length, int tag)
+{
+	if (tag > 0)
+		appendBinaryStringInfo(out, subject, tag);
+	else
+		append_safe(out, subject, length);
+}
+
 /*
  * Appends the hash tag of subject (what goes between the braces): for
  * "tenant/user" with a safe-id "tenant", that part; else the whole subject,
@@ -134,25 +164,17 @@ subject_tag_length(const char *subject, int length)
 void
 subject_hash_tag(StringInfo out, const char *subject, int length)
 {
-	int			tag = subject_tag_length(subject, length);
-
-	if (tag > 0)
-		appendBinaryStringInfo(out, subject, tag);
-	else
-		append_safe(out, subject, length);
+	append_hash_tag(out, subject, length, subject_tag_length(subject, length));
 }
 
 /* Builds the Redis key of policy's bucket for subject (already checked). */
 void
 subject_build_key(StringInfo key, const Policy *policy, const char *subject, int length)
 {
-	const char *scope = key_scope();
 	int			tag = subject_tag_length(subject, length);
 
-	appendStringInfo(key, "%s:", rl_key_prefix);
-	append_safe(key, scope, strlen(scope));
-	appendStringInfo(key, ":v%d:{", policy->version);
-	subject_hash_tag(key, subject, length);
+	appendStringInfo(key, "%s:%s:v%d:{", rl_key_prefix, key_scope_segment(), policy->version);
+	append_hash_tag(key, subject, length, tag);
 	appendStringInfoChar(key, '}');
 	if (tag > 0)
 	{

@@ -116,8 +116,7 @@ charge_subject(FunctionCallInfo fcinfo, const TriggerArgs *args, const char *sub
 	decision_request_check(fcinfo->flinfo->fn_oid, args->policy, subject, strlen(subject),
 						   &request);
 	/* An 'allow' or 'deny' subject, or a disabled policy, counts nothing: no bucket is asked. */
-	if (request.policy.override == OVERRIDE_ALLOW || request.policy.override == OVERRIDE_DENY ||
-		request.policy.mode == POLICY_MODE_DISABLED)
+	if (decision_needs_no_bucket(&request.policy))
 		cost = Min(cost, request.policy.bucket.capacity);
 	if (cost > request.policy.bucket.capacity)
 		ereport(ERROR,

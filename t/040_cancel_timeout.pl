@@ -77,8 +77,8 @@ ok(wait_for_log($node, qr/\[$pid\].*Redis cannot answer \(timeout: /, $offset),
 # (b) statement_timeout cuts a longer command_timeout short. From here to (d)
 # the session has its own ratelimit.redis_url (the same server): its own
 # breaker, closed, so that every decision goes to Redis and none is a probe.
-# (A probe cancelled here would keep the server-wide breaker open for its
-# whole 60 s deadline: a known defect, see the TODO tests of 071.)
+# (A probe cancelled here is not the subject of this test: 071 tests that a
+# cancelled probe does not hold the server-wide breaker.)
 $s->query_ok('SET ratelimit.redis_url = ' . quote_literal($redis->url));
 is($s->query_ok('SELECT shared FROM rl_health()'), 'f',
 	'a session that SETs ratelimit.redis_url has a breaker of its own');

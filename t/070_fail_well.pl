@@ -27,8 +27,8 @@ my $node = rl_node(
 	conf => [
 		"ratelimit.retry_interval = '${retry_ms}ms'",
 		"ratelimit.command_timeout = '${command_timeout_ms}ms'",
-		# On loopback a connect takes microseconds; see the 071 TODO tests for
-		# why this also bounds how long a probe can hold the breaker.
+		# On loopback a connect takes microseconds; this also bounds how long
+		# a probe can hold the breaker.
 		"ratelimit.connect_timeout = '200ms'",
 	]);
 
