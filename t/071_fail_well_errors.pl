@@ -235,6 +235,28 @@ unlike($log, qr/rl:postgres:/, 'nor a key');
 unlike($log, qr/\bERROR:/, 'no ERROR at all') or diag $log;
 
 ###
+### Any role may SET a shorter command_timeout: its own timeouts do not open the
+### server-wide breaker, or one role could make every session fail open or closed.
+###
+{
+	my $a = session($node);
+	my $b = session($node);
+	is($b->consume('e_closed', 'short_subject')->{source}, 'redis', 'short deadline: Redis decides');
+	$a->query_ok("SET ratelimit.command_timeout = '50ms'");
+	$redis->pause;
+	is($a->consume('e_closed', 'short_subject')->{source}, 'fail_closed',
+		'Redis frozen: the session with a 50 ms deadline times out');
+	$redis->resume;
+	my $h = health($b);
+	is_deeply([ @$h{qw(shared breaker)} ], [ 't', 'closed' ],
+		'a timeout shorter than the server\'s leaves the server-wide breaker closed')
+	  or diag explain $h;
+	is($b->consume('e_closed', 'short_subject')->{source}, 'redis', 'other sessions still ask Redis');
+	$a->quit;
+	$b->quit;
+}
+
+###
 ### A probe that ends without evidence hands the probe on at once.
 ###
 ### The breaker claims a probe by moving open_until_us to the probe's own
