@@ -4,10 +4,10 @@ EXTENSION = ratelimit
 MODULE_big = ratelimit
 DATA = $(wildcard ratelimit--*.sql)
 OBJS = src/ratelimit.o src/decision.o src/policy.o src/subject.o \
-       src/bucket.o src/breaker.o src/local.o src/redis.o src/redis_url.o \
+       src/bucket.o src/breaker.o src/local.o src/redis.o src/redis_url.o src/resp.o \
+       src/secret.o src/log_privacy.o \
        src/reservation.o src/lease.o src/multi.o src/trigger.o \
        src/stats.o src/decision_log.o src/headers.o
-SHLIB_LINK = -lhiredis
 PG_CPPFLAGS = -I$(srcdir)/src
 PG_CFLAGS = -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers
 

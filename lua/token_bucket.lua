@@ -8,7 +8,13 @@
 -- refill_amount/refill_period by their gcd and guarantees capacity + rate < 2^53, so
 -- every value below is an exactly represented Lua number.
 --
--- KEYS[1]  the bucket: a hash with fields `level` (units) and `time` (ms)
+-- A script that fails halfway keeps what it wrote (Redis has no rollback), so every
+-- check comes before the first write, and each bucket is written by one command that
+-- also sets its TTL: SET with PX. Under OOM the first write is refused with nothing
+-- written; a command the ACL refuses is found before anything is written.
+--
+-- KEYS[1]  the bucket: a string "<level> <time>" (units, ms since the epoch) with a TTL
+--          (a hash of `level` and `time`, as ratelimit 0.3 wrote, is read too)
 -- ARGV[1]  capacity in units        ARGV[2]  rate: units added per millisecond
 -- ARGV[3]  unit: units per token    ARGV[4]  cost in tokens (0 .. capacity)
 -- ARGV[5]  TTL in ms, at least the time to refill completely
@@ -20,7 +26,8 @@
 -- Several buckets ("take" or "peek"): KEYS[i] with ARGV[7i-6 .. 7i-2] as above; now
 -- and mode come from ARGV[6] and ARGV[7]. A bucket named twice is charged twice.
 -- Returns {allowed (0|1), remaining tokens, retry_after_ms, reset_after_ms} per
--- bucket; a refund answers allowed 0 when KEYS[2] showed it was already done.
+-- bucket; a refund answers allowed 0 when KEYS[2] showed it was already done. A
+-- command the ACL refuses is answered with the error "NOPERM <COMMAND>".
 
 -- Largest integer a double holds exactly; sums that could pass it saturate there.
 local EXACT_MAX = 9007199254740991
@@ -58,12 +65,62 @@ local function ceil_div(a, b)
   return q
 end
 
+-- Raises a Redis error reply; one that says the ACL refused names the command.
+local function raise(reply, command)
+  local err = reply.err
+  if string.find(err, 'NOPERM', 1, true) == 1 or string.find(err, "can't run", 1, true)
+     or string.find(err, "can't access", 1, true) then
+    error({err = 'NOPERM ' .. command})
+  end
+  error(reply)
+end
+
+-- Runs a Redis command, raising its error (see raise).
+local function call(command, ...)
+  local reply = redis.pcall(command, ...)
+  if type(reply) == 'table' and reply.err then
+    raise(reply, command)
+  end
+  return reply
+end
+
+-- Before the first write: raises NOPERM when the ACL would refuse this write
+-- (Redis 7 and later can tell in advance).
+local function may_write(command, ...)
+  if redis.acl_check_cmd and not redis.acl_check_cmd(command, ...) then
+    error({err = 'NOPERM ' .. command})
+  end
+end
+
+-- Whether a bucket is stored, and its level and time (nil when unreadable).
+local function read_state(key)
+  local value = redis.pcall('GET', key)
+  if type(value) == 'table' and value.err then
+    if string.find(value.err, 'WRONGTYPE', 1, true) ~= 1 then
+      raise(value, 'GET')
+    end
+    -- Written by ratelimit 0.3: a hash (any other type is still WRONGTYPE here).
+    local fields = call('HMGET', key, 'level', 'time')
+    return true, tonumber(fields[1]), tonumber(fields[2])
+  end
+  if not value then
+    return false
+  end
+  local level, last = string.match(value, '^(%d+) (%d+)$')
+  return true, tonumber(level), tonumber(last)
+end
+
+-- Writes a bucket's state and its TTL in one command.
+local function write_state(b, level, ttl)
+  call('SET', b.key, string.format('%d %d', level, b.last), 'PX', ttl)
+end
+
 local mode = ARGV[7] or 'take'
 local now
 if ARGV[6] ~= nil and ARGV[6] ~= '' then
   now = tonumber(ARGV[6])
 else
-  local t = redis.call('TIME')
+  local t = call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 if not is_exact(now) then
@@ -87,14 +144,14 @@ for i = 1, count do
     ttl = tonumber(ARGV[base + 5]),
   }
   b.cost = tonumber(ARGV[base + 4]) * b.unit
-  local state = redis.call('HMGET', b.key, 'level', 'time')
-  if not state[1] and not state[2] then
+  local stored, level, last = read_state(b.key)
+  if not stored then
     -- A missing key is a full bucket: the TTL never expires one that is not yet full.
     b.level = b.capacity
     b.last = now
   else
-    b.level = tonumber(state[1])
-    b.last = tonumber(state[2])
+    b.level = level
+    b.last = last
     if not is_exact(b.level) or not is_exact(b.last) then
       return redis.error_reply('ERR ratelimit bucket state is corrupt')
     end
@@ -160,11 +217,16 @@ end
 -- Write: a refund (once per mark), or every take when all were granted.
 if mode == 'refund' then
   local b = buckets[1]
+  local ttl = add(b.ttl, b.paused)
   -- The mark only has to outlive a retry of this refund: a minute at most.
-  if KEYS[2] == nil or redis.call('SET', KEYS[2], '1', 'NX', 'PX', math.min(add(b.ttl, b.paused), 60000)) then
+  local mark_ttl = math.min(ttl, 60000)
+  if KEYS[2] ~= nil then
+    may_write('SET', KEYS[2], '1', 'NX', 'PX', mark_ttl)
+    may_write('SET', b.key, '0 0', 'PX', ttl)
+  end
+  if KEYS[2] == nil or call('SET', KEYS[2], '1', 'NX', 'PX', mark_ttl) then
     b.level = math.min(b.capacity, b.level + b.cost)
-    redis.call('HSET', b.key, 'level', b.level, 'time', b.last)
-    redis.call('PEXPIRE', b.key, add(b.ttl, b.paused))
+    write_state(b, b.level, ttl)
   else
     decided[1] = 0
   end
@@ -178,11 +240,15 @@ elseif not all or mode == 'peek' then
     end
   end
 else
+  if count > 1 then
+    for i = 1, count do
+      may_write('SET', buckets[i].key, '0 0', 'PX', 1)
+    end
+  end
   for i = 1, count do
     local b = buckets[i]
     if not b.same then
-      redis.call('HSET', b.key, 'level', b.level, 'time', b.last)
-      redis.call('PEXPIRE', b.key, add(b.ttl, b.paused))
+      write_state(b, b.level, add(b.ttl, b.paused))
     end
   end
 end

@@ -22,7 +22,7 @@
 #include "port/atomics.h"
 #include "storage/shmem.h"
 #include "storage/spin.h"
-#include "utils/guc.h"
+#include "miscadmin.h"
 #include "utils/timestamp.h"
 
 #include "breaker.h"
@@ -30,6 +30,9 @@
 typedef struct BreakerState
 {
 	pg_atomic_uint64 open_until_us;
+	/* The postmaster's connect_timeout and command_timeout: the server's own. */
+	pg_atomic_uint32 server_connect_timeout_ms;
+	pg_atomic_uint32 server_command_timeout_ms;
 	slock_t		mutex;			/* guards the fields below, changed only on transitions */
 	bool		reachable;
 	TimestampTz since;
@@ -48,12 +51,18 @@ static BreakerState backend_breaker;
 static BreakerState *breaker = NULL;	/* one of the two; NULL: choose again */
 static bool url_is_server_wide = true;
 
+/* In the postmaster: its timeouts, for the shared state (created after they are set). */
+static int	postmaster_connect_timeout_ms = 1000;
+static int	postmaster_command_timeout_ms = 250;
+
 /* Sets a breaker to "Redis answers". */
 static void
 breaker_state_init(BreakerState *state)
 {
 	memset(state, 0, sizeof(BreakerState));
 	pg_atomic_init_u64(&state->open_until_us, 0);
+	pg_atomic_init_u32(&state->server_connect_timeout_ms, postmaster_connect_timeout_ms);
+	pg_atomic_init_u32(&state->server_command_timeout_ms, postmaster_command_timeout_ms);
 	SpinLockInit(&state->mutex);
 	state->reachable = true;
 }
@@ -87,6 +96,27 @@ breaker_url_changed(bool server_wide)
 	breaker = NULL;
 }
 
+/*
+ * ratelimit.connect_timeout (connect) or ratelimit.command_timeout is about to
+ * become ms in this process. In the postmaster, whose values come only from
+ * postgresql.conf, ALTER SYSTEM and its command line, that is the server's own
+ * timeout, which no role, database, startup packet or SET can change: the
+ * shared breaker compares a session's timeouts with it.
+ */
+void
+breaker_timeout_changed(bool connect, int ms)
+{
+	if (IsUnderPostmaster)
+		return;
+	if (connect)
+		postmaster_connect_timeout_ms = ms;
+	else
+		postmaster_command_timeout_ms = ms;
+	if (shared_breaker != NULL)
+		pg_atomic_write_u32(connect ? &shared_breaker->server_connect_timeout_ms :
+							&shared_breaker->server_command_timeout_ms, (uint32) ms);
+}
+
 /* Shared memory the breaker needs when preloaded. */
 Size
 breaker_shmem_size(void)
@@ -116,13 +146,19 @@ failure_trips(RedisFailureKind kind)
 /* The open_until_us this backend wrote when it claimed the probe; 0: none. */
 static uint64 claimed_probe = 0;
 
-/* A server-wide setting's value in ms (the one a session cannot lower). */
+/* The server's own connect_timeout and command_timeout (a backend's own ones without shared memory). */
 static int
-server_wide_ms(const char *name, int fallback)
+server_connect_timeout_ms(BreakerState *state)
 {
-	const char *value = GetConfigOptionResetString(name);
+	return state == shared_breaker ?
+		(int) pg_atomic_read_u32(&state->server_connect_timeout_ms) : rl_connect_timeout_ms;
+}
 
-	return value != NULL ? Max(atoi(value), 1) : fallback;
+static int
+server_command_timeout_ms(BreakerState *state)
+{
+	return state == shared_breaker ?
+		(int) pg_atomic_read_u32(&state->server_command_timeout_ms) : rl_command_timeout_ms;
 }
 
 /*
@@ -147,8 +183,8 @@ breaker_allows_attempt(BreakerState *state)
 	 * the server-wide timeouts: a session's own longer ones cannot stretch it.
 	 */
 	probe_until = now + 1 +
-		((int64) Min(rl_connect_timeout_ms, server_wide_ms("ratelimit.connect_timeout", 1000)) +
-		 Min(rl_command_timeout_ms, server_wide_ms("ratelimit.command_timeout", 250))) * 1000;
+		((int64) Min(rl_connect_timeout_ms, server_connect_timeout_ms(state)) +
+		 Min(rl_command_timeout_ms, server_command_timeout_ms(state))) * 1000;
 	if (pg_atomic_compare_exchange_u64(&state->open_until_us, &until, probe_until))
 	{
 		claimed_probe = probe_until;
@@ -183,8 +219,8 @@ failure_is_local(BreakerState *state, const RedisFailure *failure)
 	if (failure->kind == REDIS_FAILURE_IO || failure->backend_only)
 		return true;
 	if (failure->kind == REDIS_FAILURE_TIMEOUT && state == shared_breaker)
-		return rl_command_timeout_ms < server_wide_ms("ratelimit.command_timeout", 250) ||
-			rl_connect_timeout_ms < server_wide_ms("ratelimit.connect_timeout", 1000);
+		return rl_command_timeout_ms < server_command_timeout_ms(state) ||
+			rl_connect_timeout_ms < server_connect_timeout_ms(state);
 	return false;
 }
 

@@ -23,6 +23,7 @@ typedef struct BreakerHealth
 extern Size breaker_shmem_size(void);
 extern void breaker_shmem_init(void);
 extern void breaker_url_changed(bool server_wide);
+extern void breaker_timeout_changed(bool connect, int ms);
 extern bool breaker_call(bool (*attempt) (void *arg, RedisFailure *failure), void *arg,
 						 RedisFailure *failure);
 extern int64 breaker_retry_after_ms(void);

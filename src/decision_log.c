@@ -14,6 +14,7 @@
 #include "utils/builtins.h"
 
 #include "decision_log.h"
+#include "log_privacy.h"
 #include "subject.h"
 
 /* Logs decision if the settings choose it. */
@@ -45,11 +46,8 @@ decision_log(const Decision *decision, int64 cost, const char *subject, int leng
 	pfree(hash.data);
 }
 
-PG_FUNCTION_INFO_V1(rl_subject_hash);
-
 /* rl_subject_hash(subject): the hash the decision log writes for subject. */
-Datum
-rl_subject_hash(PG_FUNCTION_ARGS)
+RL_SQL_FUNCTION(rl_subject_hash)
 {
 	text	   *subject = PG_GETARG_TEXT_PP(0);
 	StringInfoData hash;

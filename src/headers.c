@@ -25,6 +25,7 @@
 
 #include "decision.h"
 #include "headers.h"
+#include "log_privacy.h"
 #include "policy.h"
 
 /* SQLSTATE PGRST: PostgREST reads the response it asks for from the message and detail. */
@@ -315,11 +316,8 @@ decision_from_row(HeapTupleHeader row, Decision *decision)
 	strlcpy(decision->policy, policy, sizeof(decision->policy));
 }
 
-PG_FUNCTION_INFO_V1(rl_headers);
-
 /* rl_headers(decision rl_decision, legacy boolean DEFAULT false) RETURNS jsonb */
-Datum
-rl_headers(PG_FUNCTION_ARGS)
+RL_SQL_FUNCTION(rl_headers)
 {
 	Decision	decision;
 	HeaderSet	set;

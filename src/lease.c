@@ -29,6 +29,7 @@
 
 #include "breaker.h"
 #include "lease.h"
+#include "log_privacy.h"
 #include "scripts.h"
 #include "subject.h"
 
@@ -100,10 +101,9 @@ lease_call(const Policy *policy, const char *key, const char *id, const char *mo
 	bool		answered = breaker_call(lease_call_redis, &call, &failure);
 
 	decision_note_redis(policy, answered, &failure);
+	/* An error reply counts too: what a failing script wrote stays in Redis. */
 	if (unsure != NULL)
-		*unsure = !answered && (failure.kind == REDIS_FAILURE_TIMEOUT ||
-								failure.kind == REDIS_FAILURE_IO ||
-								failure.kind == REDIS_FAILURE_PROTOCOL);
+		*unsure = !answered && failure.maybe_ran;
 	return answered;
 }
 
@@ -317,14 +317,11 @@ lease_request_init(FunctionCallInfo fcinfo, DecisionRequest *request)
 				 errhint("Leases come from policies with algorithm 'concurrency'; use rl_consume for token buckets.")));
 }
 
-PG_FUNCTION_INFO_V1(rl_acquire);
-
 /*
  * rl_acquire(policy, subject, scope DEFAULT 'transaction'): takes one lease,
  * released when the transaction (or, with 'session', the session) ends.
  */
-Datum
-rl_acquire(PG_FUNCTION_ARGS)
+RL_SQL_FUNCTION(rl_acquire)
 {
 	static bool exit_callback_registered = false;
 	DecisionRequest request;
@@ -395,16 +392,13 @@ rl_acquire(PG_FUNCTION_ARGS)
 	return decision_to_datum(fcinfo, &decision);
 }
 
-PG_FUNCTION_INFO_V1(rl_release);
-
 /*
  * rl_release(policy, subject): gives back the latest lease this session holds
  * for them (whatever version of the policy took it). True when a lease was
  * released in Redis; one Redis did not answer for stays listed, to be
  * released again when its transaction or session ends.
  */
-Datum
-rl_release(PG_FUNCTION_ARGS)
+RL_SQL_FUNCTION(rl_release)
 {
 	DecisionRequest request;
 	char	   *subject;

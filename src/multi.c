@@ -23,6 +23,7 @@
 
 #include "breaker.h"
 #include "decision.h"
+#include "log_privacy.h"
 #include "subject.h"
 
 /* The most checks in one call. */
@@ -256,14 +257,11 @@ multi_array(FunctionCallInfo fcinfo, int argno, Oid type, const char *what, Datu
 	return count;
 }
 
-PG_FUNCTION_INFO_V1(rl_consume_all);
-
 /*
  * rl_consume_all(policies, subjects, costs DEFAULT NULL): one decision per
  * check, all granted or none charged; NULL costs mean 1 each.
  */
-Datum
-rl_consume_all(PG_FUNCTION_ARGS)
+RL_SQL_FUNCTION(rl_consume_all)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	Datum	   *policies;

@@ -19,9 +19,11 @@
 #include "decision.h"
 #include "lease.h"
 #include "local.h"
+#include "log_privacy.h"
 #include "policy.h"
 #include "redis_url.h"
 #include "reservation.h"
+#include "secret.h"
 #include "stats.h"
 #include "subject.h"
 
@@ -35,7 +37,6 @@ int			rl_command_timeout_ms = 250;
 int			rl_retry_interval_ms = 1000;
 char	   *rl_key_prefix = NULL;
 char	   *rl_key_scope = NULL;
-char	   *rl_subject_secret = NULL;
 char	   *rl_test_clock_ms = NULL;
 int			rl_log_decisions = LOG_DECISIONS_NONE;
 double		rl_log_sample_rate = 1.0;
@@ -58,13 +59,21 @@ check_redis_url(char **newval, void **extra, GucSource source)
 	const char *problem;
 	GucSource  *where;
 
-	if (*newval != NULL && (*newval)[0] != '\0' && !redis_url_parse(*newval, &url, &problem))
+	if (*newval != NULL && (*newval)[0] != '\0')
 	{
-		/* Never echo the value: it may hold a password. */
-		GUC_check_errmsg("invalid value for parameter \"ratelimit.redis_url\"");
-		GUC_check_errdetail("%s", problem);
-		GUC_check_errhint("Use redis://[user[:password]@]host[:port][/db] or unix://[user[:password]@]/path/to/socket[?db=N].");
-		return false;
+		if (!redis_url_parse(*newval, &url, &problem))
+		{
+			/* Never echo the value: it may hold a password. */
+			GUC_check_errmsg("invalid value for parameter \"ratelimit.redis_url\"");
+			GUC_check_errdetail("%s", problem);
+			GUC_check_errhint("Use redis://[user[:password]@]host[:port][/db] or unix://[user[:password]@]/path/to/socket[?db=N].");
+			return false;
+		}
+		if (url.password != NULL && !secret_source_allowed("ratelimit.redis_url", source))
+		{
+			secret_refused("ratelimit.redis_url", source);
+			return false;
+		}
 	}
 
 	/*
@@ -90,7 +99,22 @@ check_redis_url(char **newval, void **extra, GucSource source)
 static void
 assign_redis_url(const char *newval, void *extra)
 {
+	if (newval != NULL && newval[0] != '\0')
+		secret_accepted("ratelimit.redis_url");
 	breaker_url_changed(extra != NULL && *(GucSource *) extra <= PGC_S_GLOBAL);
+}
+
+/* The postmaster's timeouts are the server's own (see breaker_timeout_changed). */
+static void
+assign_connect_timeout(int newval, void *extra)
+{
+	breaker_timeout_changed(true, newval);
+}
+
+static void
+assign_command_timeout(int newval, void *extra)
+{
+	breaker_timeout_changed(false, newval);
 }
 
 static shmem_request_hook_type previous_shmem_request_hook = NULL;
@@ -168,6 +192,8 @@ check_test_clock(char **newval, void **extra, GucSource source)
 void
 _PG_init(void)
 {
+	/* First: the check hook of ratelimit.redis_url asks where secrets may come from. */
+	secret_define_settings(process_shared_preload_libraries_in_progress);
 	DefineCustomStringVariable("ratelimit.redis_url",
 							   "Redis to keep buckets in: redis://[user[:password]@]host[:port][/db] or unix:///path[?db=N].",
 							   "Only superusers can read or set it: it may hold a password.",
@@ -177,12 +203,12 @@ _PG_init(void)
 	DefineCustomIntVariable("ratelimit.connect_timeout",
 							"Longest wait to connect and authenticate to Redis.",
 							NULL, &rl_connect_timeout_ms, 1000, 1, 60 * 1000,
-							PGC_USERSET, GUC_UNIT_MS, NULL, NULL, NULL);
+							PGC_USERSET, GUC_UNIT_MS, NULL, assign_connect_timeout, NULL);
 	DefineCustomIntVariable("ratelimit.command_timeout",
 							"Longest wait for Redis to answer one decision.",
 							"When it passes, the policy's fail mode decides.",
 							&rl_command_timeout_ms, 250, 1, 60 * 1000,
-							PGC_USERSET, GUC_UNIT_MS, NULL, NULL, NULL);
+							PGC_USERSET, GUC_UNIT_MS, NULL, assign_command_timeout, NULL);
 	DefineCustomIntVariable("ratelimit.retry_interval",
 							"How long decisions skip a Redis that could not be reached before one probe tries again.",
 							NULL, &rl_retry_interval_ms, 1000, 1, 3600 * 1000,
@@ -196,12 +222,6 @@ _PG_init(void)
 							   "Servers that should share buckets use the same scope.",
 							   &rl_key_scope, "", PGC_SUSET, 0,
 							   check_key_segment, NULL, NULL);
-	DefineCustomStringVariable("ratelimit.subject_secret",
-							   "Secret key of the hash that stands for subjects that are not safe ids.",
-							   "Only superusers can read or set it. Changing it starts new buckets.",
-							   &rl_subject_secret, "", PGC_SUSET,
-							   GUC_SUPERUSER_ONLY | GUC_NOT_IN_SAMPLE,
-							   NULL, NULL, NULL);
 	DefineCustomStringVariable("ratelimit.test_clock_ms",
 							   "For tests: the time buckets see, in ms since the epoch; empty means Redis TIME.",
 							   NULL, &rl_test_clock_ms, "", PGC_SUSET,
@@ -222,6 +242,7 @@ _PG_init(void)
 							 "rl_enforce raises the error PostgREST turns into an HTTP 429 or 503 with headers.",
 							 "SQLSTATE PGRST, with the JSON message and detail PostgREST reads.",
 							 &rl_postgrest_errors, false, PGC_USERSET, 0, NULL, NULL, NULL);
+	log_privacy_init();
 	policy_cache_init();
 	reservation_init();
 	lease_init();
@@ -246,11 +267,8 @@ _PG_init(void)
 	MarkGUCPrefixReserved("ratelimit");
 }
 
-PG_FUNCTION_INFO_V1(rl_consume);
-
 /* rl_consume(policy, subject, cost): one atomic decision; tokens taken only if allowed. */
-Datum
-rl_consume(PG_FUNCTION_ARGS)
+RL_SQL_FUNCTION(rl_consume)
 {
 	Decision	decision;
 
@@ -258,14 +276,11 @@ rl_consume(PG_FUNCTION_ARGS)
 	return decision_to_datum(fcinfo, &decision);
 }
 
-PG_FUNCTION_INFO_V1(rl_enforce);
-
 /*
  * rl_enforce(policy, subject, cost): rl_consume, but a denial raises RL429 (over
  * quota) or RL503 (Redis unavailable and the policy fails closed).
  */
-Datum
-rl_enforce(PG_FUNCTION_ARGS)
+RL_SQL_FUNCTION(rl_enforce)
 {
 	Decision	decision;
 
@@ -274,11 +289,8 @@ rl_enforce(PG_FUNCTION_ARGS)
 	return decision_to_datum(fcinfo, &decision);
 }
 
-PG_FUNCTION_INFO_V1(rl_health);
-
 /* rl_health(): Redis reachable or not since when, the breaker, the local buckets. */
-Datum
-rl_health(PG_FUNCTION_ARGS)
+RL_SQL_FUNCTION(rl_health)
 {
 	BreakerHealth health;
 	TupleDesc	desc;
@@ -330,11 +342,8 @@ audit(const char *action, const char *policy)
 			 errmsg("ratelimit: %s on policy \"%s\"", action, policy)));
 }
 
-PG_FUNCTION_INFO_V1(rl_peek);
-
 /* rl_peek(policy, subject, cost): the decision rl_consume would make, taking nothing. */
-Datum
-rl_peek(PG_FUNCTION_ARGS)
+RL_SQL_FUNCTION(rl_peek)
 {
 	DecisionRequest request;
 	Decision	decision;
@@ -347,11 +356,8 @@ rl_peek(PG_FUNCTION_ARGS)
 	return decision_to_datum(fcinfo, &decision);
 }
 
-PG_FUNCTION_INFO_V1(rl_refund);
-
 /* rl_refund(policy, subject, amount): gives tokens back, never above capacity. */
-Datum
-rl_refund(PG_FUNCTION_ARGS)
+RL_SQL_FUNCTION(rl_refund)
 {
 	Decision	decision;
 
@@ -360,11 +366,8 @@ rl_refund(PG_FUNCTION_ARGS)
 	return decision_to_datum(fcinfo, &decision);
 }
 
-PG_FUNCTION_INFO_V1(rl_reset);
-
 /* rl_reset(policy, subject): a full bucket; false when Redis could not answer. */
-Datum
-rl_reset(PG_FUNCTION_ARGS)
+RL_SQL_FUNCTION(rl_reset)
 {
 	DecisionRequest request;
 	bool		done;

@@ -32,7 +32,6 @@ extern int	rl_command_timeout_ms;
 extern int	rl_retry_interval_ms;
 extern char *rl_key_prefix;
 extern char *rl_key_scope;
-extern char *rl_subject_secret;
 extern char *rl_test_clock_ms;
 extern int	rl_log_decisions;
 extern double rl_log_sample_rate;

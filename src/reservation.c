@@ -26,6 +26,7 @@
 #include "utils/memutils.h"
 
 #include "decision.h"
+#include "log_privacy.h"
 #include "reservation.h"
 #include "subject.h"
 
@@ -271,11 +272,8 @@ reservation_take(const DecisionRequest *request, Decision *decision)
 	pfree(key.data);
 }
 
-PG_FUNCTION_INFO_V1(rl_reserve);
-
 /* rl_reserve(policy, subject, cost): rl_consume, refunded if its (sub)transaction rolls back. */
-Datum
-rl_reserve(PG_FUNCTION_ARGS)
+RL_SQL_FUNCTION(rl_reserve)
 {
 	DecisionRequest request;
 	Decision	decision;

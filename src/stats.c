@@ -32,6 +32,7 @@
 #include "utils/timestamp.h"
 
 #include "decision.h"
+#include "log_privacy.h"
 #include "redis.h"
 #include "stats.h"
 
@@ -49,7 +50,7 @@ typedef enum StatsCounter
 	COUNT_REDIS_CALLS,
 	COUNT_SOURCE,				/* one per DecisionSource from here */
 	COUNT_FAILURE = COUNT_SOURCE + DECISION_SOURCE_OVERRIDE + 1,	/* one per RedisFailureKind */
-	COUNT_ALL = COUNT_FAILURE + REDIS_FAILURE_REPLY + 1
+	COUNT_ALL = COUNT_FAILURE + REDIS_FAILURE_KINDS
 } StatsCounter;
 
 typedef struct StatsKey
@@ -302,7 +303,7 @@ failures_jsonb(const uint64 *counters)
 
 	initStringInfo(&json);
 	appendStringInfoChar(&json, '{');
-	for (int kind = REDIS_FAILURE_CONFIG; kind <= REDIS_FAILURE_REPLY; kind++)
+	for (int kind = REDIS_FAILURE_CONFIG; kind < REDIS_FAILURE_KINDS; kind++)
 	{
 		if (counters[COUNT_FAILURE + kind] == 0)
 			continue;
@@ -382,11 +383,8 @@ stats_put_row(ReturnSetInfo *rsinfo, const StatsEntry *entry)
 	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 }
 
-PG_FUNCTION_INFO_V1(rl_stats_read);
-
 /* rl_stats_read(): a row per policy of this database that decided since start, and "(other)". */
-Datum
-rl_stats_read(PG_FUNCTION_ARGS)
+RL_SQL_FUNCTION(rl_stats_read)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	HASH_SEQ_STATUS status;
@@ -413,11 +411,8 @@ rl_stats_read(PG_FUNCTION_ARGS)
 	return (Datum) 0;
 }
 
-PG_FUNCTION_INFO_V1(rl_stats_reset);
-
 /* rl_stats_reset(): zeroes this database's counters (and those counted together). */
-Datum
-rl_stats_reset(PG_FUNCTION_ARGS)
+RL_SQL_FUNCTION(rl_stats_reset)
 {
 	HASH_SEQ_STATUS status;
 	StatsEntry *entry;

@@ -21,6 +21,7 @@
 #include "utils/builtins.h"
 #include "utils/memutils.h"
 
+#include "secret.h"
 #include "subject.h"
 
 /* Bytes of the HMAC-SHA256 kept in a key: 128 bits, printed as 32 hex digits. */
@@ -67,7 +68,7 @@ subject_hash(StringInfo out, const char *text, int length)
 {
 	pg_hmac_ctx *hmac;
 	uint8		digest[PG_SHA256_DIGEST_LENGTH];
-	const char *secret = rl_subject_secret ? rl_subject_secret : "";
+	const char *secret = secret_subject_key();
 
 	hmac = pg_hmac_create(PG_SHA256);
 	if (hmac == NULL ||
@@ -109,11 +110,14 @@ key_scope_segment(void)
 	static char *database_name = NULL;
 	static char *segment = NULL;
 	static char *hashed_with = NULL;	/* NULL: the name is a safe id */
-	const char *secret = rl_subject_secret ? rl_subject_secret : "";
+	const char *secret;
 	StringInfoData rendered;
 
 	if (rl_key_scope != NULL && rl_key_scope[0] != '\0')
 		return rl_key_scope;
+	if (segment != NULL && hashed_with == NULL)
+		return segment;
+	secret = secret_subject_key();
 	if (segment != NULL && (hashed_with == NULL || strcmp(hashed_with, secret) == 0))
 		return segment;
 	if (database_name == NULL)

@@ -25,6 +25,7 @@
 #include "utils/tuplestore.h"
 
 #include "decision.h"
+#include "log_privacy.h"
 #include "reservation.h"
 
 /* One subject's total in a statement-level charge. */
@@ -182,11 +183,8 @@ charge_statement(FunctionCallInfo fcinfo, TriggerData *trigdata, const TriggerAr
 	hash_destroy(totals);
 }
 
-PG_FUNCTION_INFO_V1(rl_limit_trigger);
-
 /* rl_limit_trigger(policy, subject_column [, cost_column]): see the file header. */
-Datum
-rl_limit_trigger(PG_FUNCTION_ARGS)
+RL_SQL_FUNCTION(rl_limit_trigger)
 {
 	TriggerData *trigdata = (TriggerData *) fcinfo->context;
 	Trigger    *trigger;

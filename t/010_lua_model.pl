@@ -197,6 +197,25 @@ sub pipeline
 
 sub cmd { my ($r) = pipeline([@_]); return $r }
 
+# A bucket's stored (level, time), as the script reads it: the string "<level> <time>"
+# it writes, or the hash of ratelimit 0.3; (nil, nil) for a missing key.
+my $READ_STATE = q{
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind == 'hash' then
+  return redis.call('HMGET', KEYS[1], 'level', 'time')
+elseif kind == 'string' then
+  local value = redis.call('GET', KEYS[1])
+  local level, last = string.match(value, '^(%S*) (%S*)$')
+  if level == nil then
+    return {value, false}
+  end
+  return {level, last}
+end
+return {false, false}
+};
+
+sub read_state_command { return [ 'EVAL', $READ_STATE, 1, $_[0] ] }
+
 sub is_error { return ref $_[0] eq 'RedisError' }
 
 #
@@ -323,10 +342,10 @@ sub run_step
 {
 	my ($key, $p, $cost, $now) = @_;
 	my ($pre, $pre_exp, $reply, $post, $pttl, $post_exp) = pipeline(
-		[ 'HMGET', $key, 'level', 'time' ],
+		read_state_command($key),
 		[ 'PEXPIRETIME', $key ],
 		[ 'EVALSHA', $sha, 1, $key, script_args($p, $cost, $now) ],
-		[ 'HMGET', $key, 'level', 'time' ],
+		read_state_command($key),
 		[ 'PTTL', $key ],
 		[ 'PEXPIRETIME', $key ]);
 
@@ -408,7 +427,7 @@ sub expect_step
 sub stored
 {
 	my ($key) = @_;
-	return cmd('HMGET', $key, 'level', 'time');
+	return cmd(@{ read_state_command($key) });
 }
 
 #
@@ -548,7 +567,7 @@ subtest 'refill stops at the capacity' => sub {
 	expect_step('idle_fast', $fast_max, 1_501_199_875_790_165, $T0 + 1 + $T0, [ 1, 0, 0, 1 ],
 		'1.8e12 ms idle at 2^52 units/ms (product ~8e27): exactly full again');
 	expect_step('clamp', $per_minute, 1, $T0, [ 1, 9, 0, 500 ], 'a new key');
-	cmd('HSET', 'clamp', 'level', 999_999);
+	cmd('SET', 'clamp', '999999 ' . stored('clamp')->[1]);
 	expect_step('clamp', $per_minute, 1, $T0, [ 1, 9, 0, 500 ],
 		'a stored level above the capacity (smaller policy) counts as full');
 };
@@ -680,8 +699,27 @@ subtest 'a corrupt state is an error reply, not a grant' => sub {
 		is_deeply(stored($key), $before, "$label: state unchanged");
 		is(cmd('PTTL', $key), -1, "$label: no TTL set");
 	}
-	cmd('SET', 'corrupt:string', 'x');
-	my $r = cmd('EVALSHA', $sha, 1, 'corrupt:string', script_args($per_minute, 1, $T0));
+	for my $case ([ 'string x', 'x' ], [ 'string without time', '100 ' ],
+		[ 'string with a negative level', "-1 $T0" ], [ 'string 1.5', "1.5 $T0" ],
+		[ 'string with three fields', "1 $T0 3" ])
+	{
+		my ($label, $value) = @$case;
+		my $key = "corrupt:$label";
+		cmd('SET', $key, $value);
+		my $r = cmd('EVALSHA', $sha, 1, $key, script_args($per_minute, 1, $T0 + 1000));
+		ok(is_error($r) && $r->msg =~ /corrupt/, "$label: error reply")
+		  or diag('got ' . reply_string($r));
+		is(cmd('GET', $key), $value, "$label: state unchanged");
+		is(cmd('PTTL', $key), -1, "$label: no TTL set");
+	}
+	# A bucket of ratelimit 0.3 (a hash) is read, and written back as a string.
+	cmd('HSET', 'legacy', 'level', 4500, 'time', $T0);
+	my $legacy = expect_step('legacy', $per_minute, 1, $T0 + 500, [ 1, 9, 0, 500 ],
+		'a hash bucket of 0.3: 4500 units + 500 ms of refill, take 1, 9 left');
+	is(cmd('TYPE', 'legacy'), 'string', 'the grant wrote it back as a string');
+	is_deeply(stored('legacy'), [ 4500, $T0 + 500 ], 'with the level and time the model says');
+	cmd('RPUSH', 'corrupt:list', 'x');
+	my $r = cmd('EVALSHA', $sha, 1, 'corrupt:list', script_args($per_minute, 1, $T0));
 	ok(is_error($r) && $r->msg =~ /WRONGTYPE/, 'a key of another type: WRONGTYPE error reply');
 
 	{

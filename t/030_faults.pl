@@ -232,7 +232,8 @@ is_redis($second, 'second call after the kill: Redis', allowed => 't');
 $long->consume($_, 'wt_subject') for qw(f_open f_closed);
 my @wt_keys = grep { /\{wt_subject\}/ } $redis->scan_keys;
 is(scalar @wt_keys, 2, 'one key per policy for the subject');
-$redis->cli('SET', $_, 'x') for @wt_keys;
+$redis->cli('DEL', $_) for @wt_keys;
+$redis->cli('RPUSH', $_, 'x') for @wt_keys;
 $offset = log_offset($node);
 for my $policy (qw(f_open f_closed))
 {

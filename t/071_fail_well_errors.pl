@@ -162,12 +162,13 @@ sub error_case
 
 my $errors_offset = log_offset($node);
 
-# WRONGTYPE: the bucket keys of the subject overwritten by strings.
+# WRONGTYPE: the bucket keys of the subject overwritten by lists.
 $node->safe_psql('postgres',
 	"SELECT rl_consume(p, '$subject') FROM unnest(ARRAY['e_open', 'e_closed', 'e_local']) p");
 my @keys = grep { /\{\Q$subject\E\}/ } $redis->scan_keys;
 is(scalar @keys, 3, 'one bucket key per policy');
-$redis->cli('SET', $_, 'not a hash') for @keys;
+$redis->cli('DEL', $_) for @keys;
+$redis->cli('RPUSH', $_, 'not a bucket') for @keys;
 my ($s, $offset) = error_case('WRONGTYPE');
 ok(logged_failure($offset, $s->pid, qr/^error reply: WRONGTYPE$/, 'e_open'),
 	'WRONGTYPE: the log names the policy and the error class');
@@ -316,10 +317,11 @@ sub time_to_redis
 	is($h->{breaker}, 'open', 'a refused connect opened the breaker') or diag explain $h;
 	usleep(($retry_ms + 50) * 1000);
 	$redis->start;
-	# b still holds its connection to the killed server: its probe finds it cut.
+	# b still holds its connection to the killed server: its probe finds it closed before
+	# writing, and opens a new one within the same call.
 	$b->query_ok("SET ratelimit.command_timeout = '2s'");
 	my $probe = $b->consume('e_closed', 'probe_subject');
-	is($probe->{source}, 'fail_closed', 'the probe over a stale connection: the fail mode');
+	is($probe->{source}, 'redis', 'the probe over a connection Redis closed opens a new one: Redis decides');
 	$h = health($a);
 	note "after that probe: breaker $h->{breaker}, reachable $h->{redis_reachable}, "
 	  . "retry_in_ms $h->{retry_in_ms}, last error $h->{last_error}";

@@ -565,8 +565,13 @@ is_deeply([ @{ $health // {} }{qw(redis_reachable breaker_open)} ], [ 1, 0 ],
 ### (c) Without shared_preload_libraries: no rl_stats, decisions all the same.
 ###
 
+# Without preload a secret in postgresql.conf would be readable by every role: it comes
+# from a file only the server's user can read.
+my $secret_file = PostgreSQL::Test::Utils::tempdir() . '/subject_secret';
+PostgreSQL::Test::Utils::append_to_file($secret_file, "$secret\n");
+chmod 0600, $secret_file;
 my $plain = rl_node('observability_nopreload', redis => $redis, preload => 0,
-	conf => ["ratelimit.subject_secret = '$secret'"]);
+	conf => ["ratelimit.subject_secret_file = '$secret_file'"]);
 $plain->safe_psql('postgres',
 	q{INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('obs_plain', 10, 10, '1 hour')});
 my $p = session($plain);
