@@ -6,7 +6,7 @@ DATA = $(wildcard ratelimit--*.sql)
 OBJS = src/ratelimit.o src/decision.o src/policy.o src/subject.o \
        src/bucket.o src/breaker.o src/local.o src/redis.o src/redis_url.o src/resp.o \
        src/secret.o src/log_privacy.o \
-       src/reservation.o src/lease.o src/multi.o src/trigger.o \
+       src/ledger.o src/reservation.o src/lease.o src/multi.o src/trigger.o \
        src/stats.o src/decision_log.o src/headers.o
 PG_CPPFLAGS = -I$(srcdir)/src
 PG_CFLAGS = -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers

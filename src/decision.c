@@ -175,46 +175,61 @@ decision_script_args(const DecisionRequest *request, ScriptNumbers numbers, cons
 		request->mode == BUCKET_REFUND ? "refund" : "take";
 }
 
-/* Asks Redis; true with decision filled when it answered, else failure says why. */
-static bool
-decide_by_redis(void *arg, RedisFailure *failure)
+/*
+ * Fills call with the token bucket script for request: its key (the one fixed
+ * in advance, or built now), a refund's mark, the arguments and room for the
+ * reply, all allocated in the current memory context.
+ */
+void
+decision_redis_call(const DecisionRequest *request, RedisCall *call)
 {
-	const DecisionRequest *request = ((RedisAsk *) arg)->request;
-	Decision   *decision = ((RedisAsk *) arg)->decision;
-	StringInfoData key = {0};
-	char	   *refund_key = NULL;
-	const char *keys[2];
-	ScriptNumbers numbers;
-	const char *args[DECISION_SCRIPT_ARGS];
-	long long	results[4];
-	bool		answered;
+	const char **keys = palloc(2 * sizeof(char *));
+	const char **args = palloc(DECISION_SCRIPT_ARGS * sizeof(char *));
+	char		(*numbers)[24] = palloc(sizeof(ScriptNumbers));
 
 	keys[0] = request->key;
 	if (keys[0] == NULL)
 	{
+		StringInfoData key;
+
 		initStringInfo(&key);
 		subject_build_key(&key, &request->policy, request->subject, request->length);
 		keys[0] = key.data;
 	}
-	decision_script_args(request, numbers, args);
-
 	/* A refund with an id is done once: its mark shares the bucket's hash tag. */
 	if (request->refund_id != NULL)
-		keys[1] = refund_key = psprintf("%s:refund:%s", keys[0], request->refund_id);
+		keys[1] = psprintf("%s:refund:%s", keys[0], request->refund_id);
+	decision_script_args(request, numbers, args);
+
+	memset(call, 0, sizeof(*call));
+	call->script = &token_bucket_script;
+	call->nkeys = request->refund_id != NULL ? 2 : 1;
+	call->keys = keys;
 
 	/*
 	 * A take leaves the mode out: a Redis that wants a password we were not
 	 * given answers NOAUTH only to at most 10 arguments (it drops an
 	 * unauthenticated client that sends more), and NOAUTH is what says why.
 	 */
-	answered = redis_run_script(&token_bucket_script, refund_key ? 2 : 1, keys,
-								request->mode == BUCKET_TAKE ? DECISION_SCRIPT_ARGS - 1 :
-								DECISION_SCRIPT_ARGS, args, results, 4, failure);
-	if (key.data != NULL)
-		pfree(key.data);
-	if (refund_key != NULL)
-		pfree(refund_key);
-	return answered && decision_from_reply(results, decision, failure);
+	call->nargs = request->mode == BUCKET_TAKE ? DECISION_SCRIPT_ARGS - 1 : DECISION_SCRIPT_ARGS;
+	call->args = args;
+	call->nresults = 4;
+	call->results = palloc(4 * sizeof(long long));
+}
+
+/* Asks Redis; true with decision filled when it answered, else failure says why. */
+static bool
+decide_by_redis(void *arg, RedisFailure *failure)
+{
+	const DecisionRequest *request = ((RedisAsk *) arg)->request;
+	Decision   *decision = ((RedisAsk *) arg)->decision;
+	RedisCall	call;
+
+	decision_redis_call(request, &call);
+	if (!redis_run_scripts(&call, 1, 0, failure))
+		return false;
+	*failure = call.failure;
+	return call.answered && decision_from_reply(call.results, decision, failure);
 }
 
 /*

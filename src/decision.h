@@ -65,6 +65,7 @@ extern void decision_observe(const DecisionRequest *request, const Decision *dec
 extern const char *decision_source_name(DecisionSource source);
 extern void decision_script_args(const DecisionRequest *request, ScriptNumbers numbers,
 								 const char **args);
+extern void decision_redis_call(const DecisionRequest *request, RedisCall *call);
 extern void decision_init(const Policy *policy, Decision *decision);
 extern void decision_run(const DecisionRequest *request, Decision *decision);
 extern void decision_refund_local(const DecisionRequest *request);

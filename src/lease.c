@@ -11,45 +11,39 @@
  * itself after the policy's idle_ttl, so one whose backend died (SIGKILL, a
  * crash, a lost network) cannot be held forever.
  *
- * Releases run at transaction end and at backend exit, where nothing may raise:
- * interrupts are held, each Redis call keeps its command_timeout, and a release
- * that cannot be made is logged and left to the TTL (as are the leases of backends
- * that the postmaster ends after a crash). While Redis cannot answer,
+ * Held leases are entries of the ledger (ledger.c), which releases them when
+ * their transaction ends, or for scope 'session' at DISCARD ALL or backend
+ * exit: all that are due in one pipeline, and what cannot be released is
+ * logged and left to the TTL (as are the leases of backends that the
+ * postmaster ends after a crash). While Redis cannot answer,
  * 'open' policies allow (holding no lease) and the others deny: a lease cannot
  * be counted anywhere else.
  */
 #include "ratelimit.h"
 
-#include "access/xact.h"
-#include "miscadmin.h"
-#include "nodes/pg_list.h"
-#include "storage/ipc.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
 
 #include "breaker.h"
 #include "lease.h"
+#include "ledger.h"
 #include "log_privacy.h"
 #include "scripts.h"
 #include "subject.h"
 
 typedef struct Lease
 {
+	LedgerEntry entry;
 	char	   *key;			/* the lease set in Redis */
 	char	   *subject;		/* NUL-terminated copy, for rl_release */
 	char		id[64];
 	Policy		policy;
-	bool		session;		/* released at session end, not transaction end */
-	SubTransactionId subxact;	/* who took it; a commit passes it to the parent */
 } Lease;
 
 static RedisScript concurrency_script = {
 	.name = "concurrency",
 	.body = script_concurrency,
 };
-
-static List *leases = NIL;
-static MemoryContext lease_context = NULL;
 
 /* One call of the concurrency script, for breaker_call. */
 typedef struct LeaseCall
@@ -61,36 +55,52 @@ typedef struct LeaseCall
 	Decision   *decision;
 } LeaseCall;
 
+/*
+ * Fills call with the concurrency script on key in mode for lease id,
+ * allocated in the current memory context.
+ */
+static void
+lease_script_call(const Policy *policy, const char *key, const char *id, const char *mode,
+				  RedisCall *call)
+{
+	const char **keys = palloc(sizeof(char *));
+	const char **args = palloc(5 * sizeof(char *));
+
+	keys[0] = key;
+	args[0] = psprintf(INT64_FORMAT, policy->bucket.capacity);
+	args[1] = psprintf(INT64_FORMAT, policy->bucket.ttl_ms);
+	args[2] = id;
+	args[3] = rl_test_clock_ms ? rl_test_clock_ms : "";
+	args[4] = mode;
+	memset(call, 0, sizeof(*call));
+	call->script = &concurrency_script;
+	call->nkeys = 1;
+	call->keys = keys;
+	call->nargs = 5;
+	call->args = args;
+	call->nresults = 4;
+	call->results = palloc(4 * sizeof(long long));
+}
+
 /* Runs the concurrency script; true with the decision filled when Redis answered. */
 static bool
 lease_call_redis(void *arg, RedisFailure *failure)
 {
-	LeaseCall  *call = arg;
-	const Policy *policy = call->policy;
-	Decision   *decision = call->decision;
-	char		capacity[24];
-	char		ttl[24];
-	const char *keys[1] = {call->key};
-	const char *args[5];
-	long long	results[4];
-	bool		answered;
+	LeaseCall  *lease = arg;
+	RedisCall	call;
 
-	snprintf(capacity, sizeof(capacity), INT64_FORMAT, policy->bucket.capacity);
-	snprintf(ttl, sizeof(ttl), INT64_FORMAT, policy->bucket.ttl_ms);
-	args[0] = capacity;
-	args[1] = ttl;
-	args[2] = call->id;
-	args[3] = rl_test_clock_ms ? rl_test_clock_ms : "";
-	args[4] = call->mode;
-	answered = redis_run_script(&concurrency_script, 1, keys, 5, args, results, 4, failure);
-	return answered && decision_from_reply(results, decision, failure);
+	lease_script_call(lease->policy, lease->key, lease->id, lease->mode, &call);
+	if (!redis_run_scripts(&call, 1, 0, failure))
+		return false;
+	*failure = call.failure;
+	return call.answered && decision_from_reply(call.results, lease->decision, failure);
 }
 
 /*
  * Runs the concurrency script on key in mode, unless the breaker skips Redis.
  * True with decision filled when Redis answered. Otherwise, when unsure is
  * given, it says whether Redis may have run the script all the same (the
- * request went out, and no answer came back).
+ * request went out, and no answer or an error came back).
  */
 static bool
 lease_call(const Policy *policy, const char *key, const char *id, const char *mode,
@@ -106,6 +116,48 @@ lease_call(const Policy *policy, const char *key, const char *id, const char *mo
 		*unsure = !answered && failure.maybe_ran;
 	return answered;
 }
+
+/* Leases are always released in Redis. */
+static bool
+lease_settle_locally(LedgerEntry *entry)
+{
+	return false;
+}
+
+static void
+lease_prepare_call(LedgerEntry *entry, RedisCall *call)
+{
+	Lease	   *lease = (Lease *) entry;
+
+	lease_script_call(&lease->policy, lease->key, lease->id, "release", call);
+}
+
+static const char *
+lease_policy_name(const LedgerEntry *entry)
+{
+	return ((const Lease *) entry)->policy.name;
+}
+
+static void
+lease_free(LedgerEntry *entry)
+{
+	Lease	   *lease = (Lease *) entry;
+
+	pfree(lease->key);
+	pfree(lease->subject);
+}
+
+static const LedgerOps lease_ops = {
+	.what = "lease",
+	.given_back = "released",
+	.if_lost = "Each expires by its TTL (the policy's idle_ttl).",
+	.prepare_error = "cannot prepare a transaction that holds concurrency leases",
+	.prepare_hint = "Release them with rl_release first, or take them with scope 'session'.",
+	.settle_locally = lease_settle_locally,
+	.prepare_call = lease_prepare_call,
+	.policy_name = lease_policy_name,
+	.free = lease_free,
+};
 
 /* The decision when Redis cannot answer: 'open' allows (no lease is held), others deny. */
 static void
@@ -129,162 +181,6 @@ lease_key(const DecisionRequest *request)
 	copy = pstrdup(key.data);	/* a StringInfo keeps 1 kB: a held lease keeps only the key */
 	pfree(key.data);
 	return copy;
-}
-
-/* Frees a lease. */
-static void
-lease_free(Lease *lease)
-{
-	pfree(lease->key);
-	pfree(lease->subject);
-	pfree(lease);
-}
-
-/* Drops a lease from the list and frees it. */
-static void
-lease_forget(Lease *lease)
-{
-	leases = list_delete_ptr(leases, lease);
-	lease_free(lease);
-}
-
-/*
- * Gives one lease back. Raises nothing, except where PostgreSQL turns every
- * error into FATAL (at process exit).
- */
-static void
-lease_release(Lease *lease)
-{
-	MemoryContext context = CurrentMemoryContext;
-	Decision	decision;
-	volatile bool released = false;
-
-	PG_TRY();
-	{
-		released = lease_call(&lease->policy, lease->key, lease->id, "release", &decision, NULL);
-	}
-	PG_CATCH();
-	{
-		MemoryContextSwitchTo(context);
-		FlushErrorState();
-	}
-	PG_END_TRY();
-	if (!released)
-		ereport(LOG,
-				(errhidestmt(true),
-				 errhidecontext(true),
-				 errmsg("ratelimit: a lease of policy \"%s\" was not released: it expires by its TTL",
-						lease->policy.name)));
-}
-
-/*
- * Releases the leases that end now: the transaction's (from its subtransaction
- * from on; all of them: InvalidSubTransactionId), or with session, every one.
- */
-static void
-leases_release(SubTransactionId from, bool session)
-{
-	List	   *kept = NIL;
-	ListCell   *cell;
-	MemoryContext old_context;
-
-	if (leases == NIL)
-		return;
-	HOLD_INTERRUPTS();
-	old_context = MemoryContextSwitchTo(lease_context);
-	foreach(cell, leases)
-	{
-		Lease	   *lease = lfirst(cell);
-
-		if (session || (!lease->session &&
-						(from == InvalidSubTransactionId || lease->subxact >= from)))
-		{
-			lease_release(lease);
-			lease_free(lease);
-		}
-		else
-			kept = lappend(kept, lease);
-	}
-	MemoryContextSwitchTo(old_context);
-	RESUME_INTERRUPTS();
-	list_free(leases);
-	leases = kept;
-	if (leases == NIL)
-		MemoryContextReset(lease_context);
-}
-
-/* True when a transaction-scoped lease is held. */
-static bool
-leases_in_transaction(void)
-{
-	ListCell   *cell;
-
-	foreach(cell, leases)
-		if (!((Lease *) lfirst(cell))->session)
-			return true;
-	return false;
-}
-
-/* Transaction end releases the transaction's leases; PREPARE with some is refused. */
-static void
-lease_xact_callback(XactEvent event, void *arg)
-{
-	switch (event)
-	{
-		case XACT_EVENT_PRE_PREPARE:
-			if (leases_in_transaction())
-				ereport(ERROR,
-						(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-						 errmsg("cannot prepare a transaction that holds concurrency leases"),
-						 errhint("Release them with rl_release first, or take them with scope 'session'.")));
-			break;
-		case XACT_EVENT_COMMIT:
-		case XACT_EVENT_PARALLEL_COMMIT:
-		case XACT_EVENT_ABORT:
-		case XACT_EVENT_PARALLEL_ABORT:
-			leases_release(InvalidSubTransactionId, false);
-			break;
-		default:
-			break;
-	}
-}
-
-/* A rolled-back subtransaction releases its leases; a committed one hands them up. */
-static void
-lease_subxact_callback(SubXactEvent event, SubTransactionId subxact,
-					   SubTransactionId parent, void *arg)
-{
-	ListCell   *cell;
-
-	if (event == SUBXACT_EVENT_ABORT_SUB)
-		leases_release(subxact, false);
-	else if (event == SUBXACT_EVENT_COMMIT_SUB)
-	{
-		foreach(cell, leases)
-		{
-			Lease	   *lease = lfirst(cell);
-
-			if (lease->subxact == subxact)
-				lease->subxact = parent;
-		}
-	}
-}
-
-/* Backend exit releases every lease still held. */
-static void
-lease_exit_callback(int code, Datum arg)
-{
-	leases_release(InvalidSubTransactionId, true);
-}
-
-/* Registers the callbacks; called once per backend from _PG_init. */
-void
-lease_init(void)
-{
-	lease_context = AllocSetContextCreate(TopMemoryContext, "ratelimit leases",
-										  ALLOCSET_SMALL_SIZES);
-	RegisterXactCallback(lease_xact_callback, NULL);
-	RegisterSubXactCallback(lease_subxact_callback, NULL);
 }
 
 /* The decision rl_acquire would make now, taking no lease (rl_peek). */
@@ -323,7 +219,6 @@ lease_request_init(FunctionCallInfo fcinfo, DecisionRequest *request)
  */
 RL_SQL_FUNCTION(rl_acquire)
 {
-	static bool exit_callback_registered = false;
 	DecisionRequest request;
 	Decision	decision;
 	char	   *scope;
@@ -361,35 +256,44 @@ RL_SQL_FUNCTION(rl_acquire)
 	 * cancel) may still have taken it, and releasing an id that was never
 	 * taken is harmless.
 	 */
-	old_context = MemoryContextSwitchTo(lease_context);
-	lease = palloc0(sizeof(Lease));
+	lease = (Lease *) ledger_add(&lease_ops, sizeof(Lease), session, true);
+	old_context = MemoryContextSwitchTo(ledger_memory());
 	lease->key = lease_key(&request);
 	lease->subject = pnstrdup(request.subject, request.length);
 	id = rl_unique_id();
 	strlcpy(lease->id, id, sizeof(lease->id));
 	pfree(id);
 	lease->policy = request.policy;
-	lease->session = session;
-	lease->subxact = GetCurrentSubTransactionId();
-	leases = lappend(leases, lease);
 	MemoryContextSwitchTo(old_context);
-	if (!exit_callback_registered)
-	{
-		before_shmem_exit(lease_exit_callback, (Datum) 0);
-		exit_callback_registered = true;
-	}
 
 	if (!lease_call(&request.policy, lease->key, lease->id, "acquire", &decision, &unsure))
 	{
 		lease_fail_mode(&request.policy, &decision);
 		if (!unsure)
-			lease_forget(lease);	/* Redis was not asked, or refused the connection */
+			ledger_forget(&lease->entry);	/* Redis was not asked, or refused the connection */
 	}
 	else if (!decision.allowed)
-		lease_forget(lease);	/* Redis said no: nothing was taken */
+		ledger_forget(&lease->entry);	/* Redis said no: nothing was taken */
 	decision_shadow(&request.policy, &decision);
 	decision_observe(&request, &decision, 1);
 	return decision_to_datum(fcinfo, &decision);
+}
+
+/* A held lease of a policy and a subject, for ledger_find_last. */
+typedef struct LeaseMatch
+{
+	const char *policy;
+	const char *subject;
+} LeaseMatch;
+
+static bool
+lease_matches(const LedgerEntry *entry, void *arg)
+{
+	const Lease *lease = (const Lease *) entry;
+	const LeaseMatch *match = arg;
+
+	return entry->ops == &lease_ops && strcmp(lease->policy.name, match->policy) == 0 &&
+		strcmp(lease->subject, match->subject) == 0;
 }
 
 /*
@@ -401,27 +305,20 @@ RL_SQL_FUNCTION(rl_acquire)
 RL_SQL_FUNCTION(rl_release)
 {
 	DecisionRequest request;
-	char	   *subject;
-	Lease	   *found = NULL;
-	ListCell   *cell;
+	LeaseMatch	match;
+	Lease	   *found;
 	Decision	decision;
 	bool		answered = false;
 
 	lease_request_init(fcinfo, &request);
-	subject = pnstrdup(request.subject, request.length);
-	foreach(cell, leases)
-	{
-		Lease	   *lease = lfirst(cell);
-
-		if (strcmp(lease->policy.name, request.policy.name) == 0 &&
-			strcmp(lease->subject, subject) == 0)
-			found = lease;
-	}
+	match.policy = request.policy.name;
+	match.subject = pnstrdup(request.subject, request.length);
+	found = (Lease *) ledger_find_last(lease_matches, &match);
 	if (found != NULL)
 	{
 		answered = lease_call(&found->policy, found->key, found->id, "release", &decision, NULL);
 		if (answered)
-			lease_forget(found);
+			ledger_forget(&found->entry);
 	}
 	PG_RETURN_BOOL(answered && decision.allowed);
 }

@@ -8,7 +8,6 @@
 
 #include "decision.h"
 
-extern void lease_init(void);
 extern void lease_peek(const DecisionRequest *request, Decision *decision);
 
 #endif							/* RL_LEASE_H */

@@ -18,6 +18,7 @@
 #include "breaker.h"
 #include "decision.h"
 #include "lease.h"
+#include "ledger.h"
 #include "local.h"
 #include "log_privacy.h"
 #include "policy.h"
@@ -244,8 +245,7 @@ _PG_init(void)
 							 &rl_postgrest_errors, false, PGC_USERSET, 0, NULL, NULL, NULL);
 	log_privacy_init();
 	policy_cache_init();
-	reservation_init();
-	lease_init();
+	ledger_init();
 
 	/* Shared memory, and the setting that sizes it, exist only when preloaded. */
 	if (process_shared_preload_libraries_in_progress)

@@ -7,7 +7,6 @@
 
 #include "decision.h"
 
-extern void reservation_init(void);
 extern void reservation_take(const DecisionRequest *request, Decision *decision);
 
 #endif							/* RL_RESERVATION_H */

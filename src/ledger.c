@@ -1,0 +1,486 @@
+/*
+ * ledger.c
+ *	  What a transaction or session owes Redis when it ends: the refunds of
+ *	  its reservations, the releases of its leases.
+ *
+ * Reservations (reservation.c) and leases (lease.c) are entries of one list,
+ * each owned by the subtransaction that made it: a subtransaction that
+ * commits hands its entries to its parent, one that rolls back gives its
+ * entries back. At the end of the transaction, reservations are refunded on
+ * rollback and forgotten on commit, transaction-scoped leases are released
+ * either way; session-scoped leases are released by DISCARD ALL (what a
+ * connection pooler runs between clients) and at backend exit.
+ *
+ * Whatever is due at one moment goes to Redis as one pipeline: one round trip
+ * per connection, bounded in total by one command_timeout (connect included),
+ * however many entries there are. This runs inside commit and abort
+ * processing, where nothing may raise and interrupts are held: what could not
+ * be given back is logged once, as a count and the policies' names (never a
+ * subject), and is lost. A lost refund can only deny more later, never grant
+ * more; a lost release expires by the lease's TTL.
+ */
+#include "ratelimit.h"
+
+#include "access/xact.h"
+#include "miscadmin.h"
+#include "nodes/parsenodes.h"
+#include "nodes/pg_list.h"
+#include "storage/ipc.h"
+#include "tcop/utility.h"
+#include "utils/memutils.h"
+
+#include "breaker.h"
+#include "ledger.h"
+#include "stats.h"
+
+/* The most policies a log line names; the rest are counted. */
+#define LEDGER_LOG_POLICIES 5
+
+/* What becomes of an entry when its owner ends. */
+typedef enum LedgerFate
+{
+	LEDGER_KEEP,
+	LEDGER_SETTLE,
+	LEDGER_FORGET
+} LedgerFate;
+
+/* The moment entries may fall due. */
+typedef enum LedgerMoment
+{
+	LEDGER_SUBXACT_ABORT,
+	LEDGER_COMMIT,
+	LEDGER_ABORT,
+	LEDGER_DISCARD_ALL,
+	LEDGER_EXIT
+} LedgerMoment;
+
+/* Entries of one kind not given back for one reason, for the log line. */
+typedef struct LedgerLoss
+{
+	const LedgerOps *ops;
+	const char *reason;
+	int			count;
+	int			npolicies;
+	const char *policies[LEDGER_LOG_POLICIES];
+	int			policy_counts[LEDGER_LOG_POLICIES];
+	int			other_policies;
+	struct LedgerLoss *next;
+} LedgerLoss;
+
+/* Entries sent to Redis together, for breaker_call. */
+typedef struct LedgerBatch
+{
+	RedisCall  *calls;
+	int			ncalls;
+	int64		deadline;
+} LedgerBatch;
+
+static List *entries = NIL;
+static MemoryContext ledger_context = NULL;
+static bool exit_callback_registered = false;
+static ProcessUtility_hook_type previous_process_utility = NULL;
+
+static void ledger_exit_callback(int code, Datum arg);
+
+/* The context entries and what they point to live in. */
+MemoryContext
+ledger_memory(void)
+{
+	return ledger_context;
+}
+
+/*
+ * Adds an entry of size bytes (a LedgerEntry first) for ops, owned by the
+ * current subtransaction, allocated zeroed in ledger_memory(). The caller
+ * fills its own fields.
+ */
+LedgerEntry *
+ledger_add(const LedgerOps *ops, Size size, bool session, bool ends_with_commit)
+{
+	MemoryContext old_context = MemoryContextSwitchTo(ledger_context);
+	LedgerEntry *entry;
+
+	Assert(size >= sizeof(LedgerEntry));
+	entry = palloc0(size);
+	entry->ops = ops;
+	entry->subxact = GetCurrentSubTransactionId();
+	entry->session = session;
+	entry->ends_with_commit = ends_with_commit;
+	entry->redis_url = pstrdup(rl_redis_url ? rl_redis_url : "");
+	entries = lappend(entries, entry);
+	MemoryContextSwitchTo(old_context);
+	if (!exit_callback_registered)
+	{
+		before_shmem_exit(ledger_exit_callback, (Datum) 0);
+		exit_callback_registered = true;
+	}
+	return entry;
+}
+
+/* The latest entry, or NULL. */
+LedgerEntry *
+ledger_last(void)
+{
+	return entries != NIL ? llast(entries) : NULL;
+}
+
+/* The latest entry that match accepts, or NULL. */
+LedgerEntry *
+ledger_find_last(bool (*match) (const LedgerEntry *entry, void *arg), void *arg)
+{
+	LedgerEntry *found = NULL;
+	ListCell   *cell;
+
+	foreach(cell, entries)
+		if (match(lfirst(cell), arg))
+			found = lfirst(cell);
+	return found;
+}
+
+/* Frees an entry that is done with. */
+static void
+ledger_free(LedgerEntry *entry)
+{
+	entry->ops->free(entry);
+	pfree(entry->redis_url);
+	pfree(entry);
+}
+
+/* Drops an entry without giving it back (Redis never took it, or it was given back already). */
+void
+ledger_forget(LedgerEntry *entry)
+{
+	entries = list_delete_ptr(entries, entry);
+	ledger_free(entry);
+	if (entries == NIL)
+		MemoryContextReset(ledger_context);
+}
+
+/* Counts entry as not given back for reason. */
+static void
+loss_add(LedgerLoss **losses, const LedgerEntry *entry, const char *reason)
+{
+	const char *policy = entry->ops->policy_name(entry);
+	LedgerLoss *loss;
+	int			i;
+
+	for (loss = *losses; loss != NULL; loss = loss->next)
+		if (loss->ops == entry->ops && strcmp(loss->reason, reason) == 0)
+			break;
+	if (loss == NULL)
+	{
+		loss = palloc0(sizeof(LedgerLoss));
+		loss->ops = entry->ops;
+		loss->reason = reason;
+		loss->next = *losses;
+		*losses = loss;
+	}
+	loss->count++;
+	for (i = 0; i < loss->npolicies; i++)
+		if (strcmp(loss->policies[i], policy) == 0)
+			break;
+	if (i < loss->npolicies)
+		loss->policy_counts[i]++;
+	else if (loss->npolicies < LEDGER_LOG_POLICIES)
+	{
+		loss->policies[loss->npolicies] = pstrdup(policy);
+		loss->policy_counts[loss->npolicies++] = 1;
+	}
+	else
+		loss->other_policies++;
+}
+
+/* Logs each kind and reason of loss once: a count and the policies, never a subject. */
+static void
+losses_log(const LedgerLoss *losses)
+{
+	for (const LedgerLoss *loss = losses; loss != NULL; loss = loss->next)
+	{
+		StringInfoData policies;
+
+		initStringInfo(&policies);
+		for (int i = 0; i < loss->npolicies; i++)
+			appendStringInfo(&policies, "%s\"%s\" (%d)", i > 0 ? ", " : "",
+							 loss->policies[i], loss->policy_counts[i]);
+		if (loss->other_policies > 0)
+			appendStringInfo(&policies, ", and %d of other policies", loss->other_policies);
+		ereport(LOG,
+				(errhidestmt(true),
+				 errhidecontext(true),
+				 errmsg("ratelimit: %d %s%s not %s: %s", loss->count, loss->ops->what,
+						loss->count == 1 ? " was" : "s were", loss->ops->given_back, loss->reason),
+				 errdetail("Policies: %s. %s", policies.data, loss->ops->if_lost)));
+	}
+}
+
+/* Why a call (or the connection) gave no answer, for the log. */
+static const char *
+loss_reason(const RedisFailure *failure)
+{
+	switch (failure->kind)
+	{
+		case REDIS_FAILURE_NONE:
+			return "Redis was not asked: it could not be reached shortly before";
+		case REDIS_FAILURE_TIMEOUT:
+			return "Redis did not answer within ratelimit.command_timeout";
+		case REDIS_FAILURE_PERMISSION:
+			return psprintf("Redis refused it (permission: %s)", failure->detail);
+		case REDIS_FAILURE_REPLY:
+			return psprintf("Redis refused it (error reply: %s)", failure->detail);
+		default:
+			return psprintf("Redis could not be used (%s: %s)",
+							redis_failure_kind_name(failure->kind), failure->detail);
+	}
+}
+
+static bool
+ledger_send(void *arg, RedisFailure *failure)
+{
+	LedgerBatch *batch = arg;
+
+	return redis_run_scripts(batch->calls, batch->ncalls, batch->deadline, failure);
+}
+
+/*
+ * Gives back the entries of due: locally where they can be, else all in one
+ * pipeline within one command_timeout. Logs what was not given back. Raises
+ * nothing: this runs where an error cannot be raised.
+ */
+static void
+ledger_settle(List *due)
+{
+	MemoryContext caller_context = CurrentMemoryContext;
+	MemoryContext context;
+
+	if (due == NIL)
+		return;
+	context = AllocSetContextCreate(TopMemoryContext, "ratelimit settlement",
+									ALLOCSET_DEFAULT_SIZES);
+	MemoryContextSwitchTo(context);
+	HOLD_INTERRUPTS();
+	PG_TRY();
+	{
+		int			count = list_length(due);
+		RedisCall  *calls = palloc0(count * sizeof(RedisCall));
+		LedgerEntry **asked = palloc(count * sizeof(LedgerEntry *));
+		const char *url = rl_redis_url ? rl_redis_url : "";
+		LedgerLoss *found = NULL;
+		ListCell   *cell;
+		int			n = 0;
+
+		foreach(cell, due)
+		{
+			LedgerEntry *entry = lfirst(cell);
+
+			if (entry->ops->settle_locally(entry))
+				continue;
+			if (strcmp(entry->redis_url, url) != 0)
+			{
+				loss_add(&found, entry, "ratelimit.redis_url changed since");
+				continue;
+			}
+			entry->ops->prepare_call(entry, &calls[n]);
+			asked[n++] = entry;
+		}
+		if (n > 0)
+		{
+			LedgerBatch batch = {
+				.calls = calls,
+				.ncalls = n,
+				.deadline = rl_monotonic_us() + (int64) rl_command_timeout_ms * 1000,
+			};
+			RedisFailure failure;
+
+			(void) breaker_call(ledger_send, &batch, &failure);
+			for (int i = 0; i < n; i++)
+			{
+				const RedisFailure *why = calls[i].answered ? &calls[i].failure :
+					calls[i].failure.kind != REDIS_FAILURE_NONE ? &calls[i].failure : &failure;
+
+				stats_redis(asked[i]->ops->policy_name(asked[i]), calls[i].answered, why);
+				if (!calls[i].answered)
+					loss_add(&found, asked[i], loss_reason(why));
+			}
+		}
+		losses_log(found);
+	}
+	PG_CATCH();
+	{
+		/* An error raised here (out of memory, say): nothing more is tried. */
+		MemoryContextSwitchTo(context);
+		FlushErrorState();
+		ereport(LOG,
+				(errhidestmt(true),
+				 errhidecontext(true),
+				 errmsg("ratelimit: %d reservations or leases may not have been given back: an error interrupted it",
+						list_length(due))));
+	}
+	PG_END_TRY();
+	RESUME_INTERRUPTS();
+	MemoryContextSwitchTo(caller_context);
+	MemoryContextDelete(context);
+}
+
+/* What becomes of entry at moment (from: the subtransaction that rolls back). */
+static LedgerFate
+ledger_fate(const LedgerEntry *entry, LedgerMoment moment, SubTransactionId from)
+{
+	switch (moment)
+	{
+		case LEDGER_SUBXACT_ABORT:
+			return !entry->session && entry->subxact >= from ? LEDGER_SETTLE : LEDGER_KEEP;
+		case LEDGER_COMMIT:
+			return entry->session ? LEDGER_KEEP :
+				entry->ends_with_commit ? LEDGER_SETTLE : LEDGER_FORGET;
+		case LEDGER_ABORT:
+			return entry->session ? LEDGER_KEEP : LEDGER_SETTLE;
+		case LEDGER_DISCARD_ALL:
+			return entry->session ? LEDGER_SETTLE : LEDGER_KEEP;
+		case LEDGER_EXIT:
+			break;
+	}
+	return LEDGER_SETTLE;
+}
+
+/* Settles or forgets the entries that end at moment; keeps the others. */
+static void
+ledger_close(LedgerMoment moment, SubTransactionId from)
+{
+	List	   *kept = NIL;
+	List	   *due = NIL;
+	List	   *done = NIL;
+	ListCell   *cell;
+	MemoryContext old_context;
+
+	if (entries == NIL)
+		return;
+	old_context = MemoryContextSwitchTo(ledger_context);
+	foreach(cell, entries)
+	{
+		LedgerEntry *entry = lfirst(cell);
+
+		switch (ledger_fate(entry, moment, from))
+		{
+			case LEDGER_KEEP:
+				kept = lappend(kept, entry);
+				break;
+			case LEDGER_SETTLE:
+				due = lappend(due, entry);
+				done = lappend(done, entry);
+				break;
+			case LEDGER_FORGET:
+				done = lappend(done, entry);
+				break;
+		}
+	}
+	list_free(entries);
+	entries = kept;
+	MemoryContextSwitchTo(old_context);
+
+	ledger_settle(due);
+	foreach(cell, done)
+		ledger_free(lfirst(cell));
+	list_free(due);
+	list_free(done);
+	if (entries == NIL)
+		MemoryContextReset(ledger_context);
+}
+
+/* Transaction end gives back what is due; PREPARE with entries is refused. */
+static void
+ledger_xact_callback(XactEvent event, void *arg)
+{
+	ListCell   *cell;
+
+	switch (event)
+	{
+		case XACT_EVENT_PRE_PREPARE:
+			/* A prepared transaction can outlive the session that would give them back. */
+			foreach(cell, entries)
+			{
+				LedgerEntry *entry = lfirst(cell);
+
+				if (!entry->session)
+					ereport(ERROR,
+							(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+							 errmsg_internal("%s", entry->ops->prepare_error),
+							 entry->ops->prepare_detail ?
+							 errdetail_internal("%s", entry->ops->prepare_detail) : 0,
+							 errhint("%s", entry->ops->prepare_hint)));
+			}
+			break;
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_PREPARE:
+			ledger_close(LEDGER_COMMIT, InvalidSubTransactionId);
+			break;
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+			ledger_close(LEDGER_ABORT, InvalidSubTransactionId);
+			break;
+		default:
+			break;
+	}
+}
+
+/* A subtransaction that commits hands its entries up; one that rolls back gives them back. */
+static void
+ledger_subxact_callback(SubXactEvent event, SubTransactionId subxact,
+						SubTransactionId parent, void *arg)
+{
+	ListCell   *cell;
+
+	if (event == SUBXACT_EVENT_ABORT_SUB)
+		ledger_close(LEDGER_SUBXACT_ABORT, subxact);
+	else if (event == SUBXACT_EVENT_COMMIT_SUB)
+	{
+		foreach(cell, entries)
+		{
+			LedgerEntry *entry = lfirst(cell);
+
+			if (entry->subxact == subxact)
+				entry->subxact = parent;
+		}
+	}
+}
+
+/* Backend exit gives back everything still held. */
+static void
+ledger_exit_callback(int code, Datum arg)
+{
+	ledger_close(LEDGER_EXIT, InvalidSubTransactionId);
+}
+
+/*
+ * DISCARD ALL, which a pooler runs before handing the server connection to
+ * another client, gives back the session's entries, as it releases session
+ * advisory locks.
+ */
+static void
+ledger_process_utility(PlannedStmt *statement, const char *query_string, bool read_only_tree,
+					   ProcessUtilityContext context, ParamListInfo params,
+					   QueryEnvironment *query_env, DestReceiver *dest, QueryCompletion *completion)
+{
+	Node	   *tree = statement->utilityStmt;
+
+	if (previous_process_utility)
+		previous_process_utility(statement, query_string, read_only_tree, context, params,
+								 query_env, dest, completion);
+	else
+		standard_ProcessUtility(statement, query_string, read_only_tree, context, params,
+								query_env, dest, completion);
+	if (IsA(tree, DiscardStmt) && ((DiscardStmt *) tree)->target == DISCARD_ALL)
+		ledger_close(LEDGER_DISCARD_ALL, InvalidSubTransactionId);
+}
+
+/* Registers the callbacks and the DISCARD ALL hook; called once per process from _PG_init. */
+void
+ledger_init(void)
+{
+	ledger_context = AllocSetContextCreate(TopMemoryContext, "ratelimit ledger",
+										   ALLOCSET_SMALL_SIZES);
+	RegisterXactCallback(ledger_xact_callback, NULL);
+	RegisterSubXactCallback(ledger_subxact_callback, NULL);
+	previous_process_utility = ProcessUtility_hook;
+	ProcessUtility_hook = ledger_process_utility;
+}
