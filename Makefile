@@ -5,7 +5,7 @@ MODULE_big = ratelimit
 DATA = $(wildcard ratelimit--*.sql)
 OBJS = src/ratelimit.o src/decision.o src/policy.o src/subject.o \
        src/bucket.o src/breaker.o src/local.o src/redis.o src/redis_url.o src/resp.o \
-       src/secret.o src/log_privacy.o \
+       src/secret.o src/log_privacy.o src/log_limit.o \
        src/ledger.o src/reservation.o src/lease.o src/multi.o src/trigger.o \
        src/stats.o src/decision_log.o src/headers.o
 PG_CPPFLAGS = -I$(srcdir)/src

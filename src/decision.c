@@ -18,6 +18,7 @@
 #include "decision_log.h"
 #include "headers.h"
 #include "local.h"
+#include "log_limit.h"
 #include "policy.h"
 #include "redis.h"
 #include "scripts.h"
@@ -34,39 +35,61 @@ static RedisScript reset_script = {
 	.body = script_reset,
 };
 
-/* The Redis health this backend last logged, so a failure is logged once per change. */
-static RedisFailure logged_failure;
+/* Whether a failure line was logged since the last "answers again" line. */
+static bool failure_logged = false;
 
 /*
- * Notes a Redis call made for policy: counts it in rl_stats, and logs a change
- * of Redis health (a new failure class, or recovery). Never a key or subject:
- * the statement (which may hold the subject) is kept out of the line.
+ * Notes a Redis call made for policy: counts it in rl_stats, and logs Redis
+ * health: a failure at most once per class and retry_interval (log_limit.c),
+ * and that Redis answers again after a failure was logged. Never a key or
+ * subject: the statement (which may hold the subject) is kept out of the line.
  */
 void
 decision_note_redis(const Policy *policy, bool answered, const RedisFailure *failure)
 {
+	char		line_class[128];
+	int64		held_back;
+	char	   *held_back_text;
+
 	stats_redis(policy->name, answered, failure);
 	/* A call the breaker skipped says nothing new. */
 	if (!answered && failure->kind == REDIS_FAILURE_NONE)
 		return;
-	if (failure->kind == logged_failure.kind &&
-		strcmp(failure->detail, logged_failure.detail) == 0)
-		return;
 	if (failure->kind == REDIS_FAILURE_NONE)
+	{
+		if (failure_logged)
+			ereport(LOG,
+					(errhidestmt(true),
+					 errhidecontext(true),
+					 errmsg("ratelimit: Redis answers again"),
+					 errdetail("Policy \"%s\" was decided by Redis.", policy->name)));
+		failure_logged = false;
+		return;
+	}
+	snprintf(line_class, sizeof(line_class), "redis %s: %s",
+			 redis_failure_kind_name(failure->kind), failure->detail);
+	if (!log_limit_allow(line_class, &held_back))
+		return;
+	failure_logged = true;
+	held_back_text = held_back == 0 ? "" :
+		psprintf(" " INT64_FORMAT " more like it were not logged since the last one.", held_back);
+	if (failure->kind == REDIS_FAILURE_PERMISSION)
 		ereport(LOG,
 				(errhidestmt(true),
 				 errhidecontext(true),
-				 errmsg("ratelimit: Redis answers again"),
-				 errdetail("Policy \"%s\" was decided by Redis.", policy->name)));
+				 errmsg("ratelimit: Redis refused a command: the ACL of its user does not allow %s (permission)",
+						failure->detail),
+				 errdetail("Policy \"%s\" decides by its fail mode \"%s\" while Redis refuses.%s",
+						   policy->name, policy_fail_mode_name(policy->fail_mode), held_back_text),
+				 errhint("Give the Redis user the commands and keys the documentation lists.")));
 	else
 		ereport(LOG,
 				(errhidestmt(true),
 				 errhidecontext(true),
 				 errmsg("ratelimit: Redis cannot answer (%s: %s)",
 						redis_failure_kind_name(failure->kind), failure->detail),
-				 errdetail("Policy \"%s\" decides by its fail mode \"%s\" until Redis answers.",
-						   policy->name, policy_fail_mode_name(policy->fail_mode))));
-	logged_failure = *failure;
+				 errdetail("Policy \"%s\" decides by its fail mode \"%s\" until Redis answers.%s",
+						   policy->name, policy_fail_mode_name(policy->fail_mode), held_back_text)));
 }
 
 /* The local bucket's key: database, policy, version and subject, hashed (never 0). */

@@ -31,6 +31,7 @@
 
 #include "breaker.h"
 #include "ledger.h"
+#include "log_limit.h"
 #include "stats.h"
 
 /* The most policies a log line names; the rest are counted. */
@@ -197,7 +198,12 @@ losses_log(const LedgerLoss *losses)
 	for (const LedgerLoss *loss = losses; loss != NULL; loss = loss->next)
 	{
 		StringInfoData policies;
+		char	   *line_class = psprintf("%s %s", loss->ops->what, loss->reason);
+		int64		held_back;
 
+		/* Under a long outage every transaction end loses some: one line per retry_interval. */
+		if (!log_limit_allow(line_class, &held_back))
+			continue;
 		initStringInfo(&policies);
 		for (int i = 0; i < loss->npolicies; i++)
 			appendStringInfo(&policies, "%s\"%s\" (%d)", i > 0 ? ", " : "",
@@ -209,7 +215,10 @@ losses_log(const LedgerLoss *losses)
 				 errhidecontext(true),
 				 errmsg("ratelimit: %d %s%s not %s: %s", loss->count, loss->ops->what,
 						loss->count == 1 ? " was" : "s were", loss->ops->given_back, loss->reason),
-				 errdetail("Policies: %s. %s", policies.data, loss->ops->if_lost)));
+				 errdetail("Policies: %s. %s%s", policies.data, loss->ops->if_lost,
+						   held_back == 0 ? "" :
+						   psprintf(" " INT64_FORMAT " more such lines were not logged since the last one.",
+									held_back))));
 	}
 }
 
