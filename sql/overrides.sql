@@ -65,6 +65,8 @@ FROM rl_peek('ov.user', 'premium');
 -- 'limit' on a concurrency policy: a capacity only.
 --
 SELECT pg_temp.fails($$INSERT INTO rl_override (policy, subject, capacity, refill_amount, refill_period) VALUES ('ov.lease', 'big', 3, 3, '1 s')$$);
+-- A lease count the script cannot hold exactly (2^53 or more) is refused here.
+SELECT pg_temp.fails($$INSERT INTO rl_override (policy, subject, capacity) VALUES ('ov.lease', 'big', 9223372036854775000)$$);
 INSERT INTO rl_override (policy, subject, capacity) VALUES ('ov.lease', 'big', 3);
 SELECT version AS lease_big_v FROM rl_override WHERE policy = 'ov.lease' AND subject = 'big' \gset
 BEGIN;

@@ -39,6 +39,13 @@ SELECT expect_error($$INSERT INTO rl_policy (name, algorithm, capacity) VALUES (
 SELECT expect_error($$INSERT INTO rl_policy (name, algorithm, capacity, refill_amount, refill_period, idle_ttl) VALUES ('p.lease3', 'concurrency', 3, 1, '1 s', '5 min')$$);
 SELECT expect_error($$INSERT INTO rl_policy (name, algorithm, capacity, idle_ttl) VALUES ('p.lease4', 'concurrency', 3, '1.5 ms')$$);
 SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, idle_ttl) VALUES ('p.norefill', 3, 1, '5 min')$$);
+-- What the scripts cannot hold exactly is refused here, not at every rl_acquire: a
+-- capacity of 2^53 or more, an idle_ttl over 2^52 ms (about 142,000 years).
+SELECT expect_error($$INSERT INTO rl_policy (name, algorithm, capacity, idle_ttl) VALUES ('p.lease5', 'concurrency', 9223372036854775000, '5 min')$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, algorithm, capacity, idle_ttl) VALUES ('p.lease6', 'concurrency', 3, '1157407408 days')$$);
+SELECT expect_error($$INSERT INTO rl_policy (name, algorithm, capacity, idle_ttl) VALUES ('p.lease7', 'concurrency', 9007199254740991, '4503599627370496 ms')$$);
+DELETE FROM rl_policy WHERE name = 'p.lease7';
+SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, idle_ttl) VALUES ('p.ttl', 3, 1, '1 s', '4503599627370497 ms')$$);
 -- local_share: (0, 1], and not vanishingly small.
 SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, local_share) VALUES ('p.share', 1, 1, '1 s', 0)$$);
 SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, local_share) VALUES ('p.share', 1, 1, '1 s', 1.5)$$);
@@ -71,7 +78,7 @@ SELECT version > (SELECT version FROM seen_versions) AS never_reused FROM rl_pol
 -- A row outside the bounds (only possible without the constraint) fails its own
 -- decisions, and no others.
 ALTER TABLE rl_policy DROP CONSTRAINT rl_policy_exact_check;
-INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('p.broken', 9007199254740992, 1, '1 ms');
+INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('p.broken', 9007199254740991, 1, '1 ms');
 SELECT expect_error($$SELECT rl_consume('p.broken', 'tenant_1')$$);
 SELECT allowed, source FROM rl_consume('reports.export', 'tenant_broken');
 DELETE FROM rl_policy WHERE name = 'p.broken';

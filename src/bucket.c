@@ -38,7 +38,8 @@ bucket_params_init(BucketParams *params, int64 capacity, int64 refill_amount,
 	int64		g;
 	int64		capacity_units;
 
-	if (capacity <= 0 || refill_amount <= 0 || refill_period_ms <= 0)
+	if (capacity <= 0 || refill_amount <= 0 || refill_period_ms <= 0 ||
+		idle_ttl_ms > BUCKET_MAX_TTL_MS)
 		return false;
 	g = gcd64(refill_amount, refill_period_ms);
 	params->capacity = capacity;

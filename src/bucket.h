@@ -8,6 +8,8 @@
 
 /* Largest integer every value of the bucket math must stay below (Lua numbers are doubles). */
 #define BUCKET_EXACT_LIMIT (INT64CONST(1) << 53)
+/* Longest idle TTL (about 142,000 years): now + TTL stays below BUCKET_EXACT_LIMIT. */
+#define BUCKET_MAX_TTL_MS (INT64CONST(1) << 52)
 
 /*
  * One token is `unit` units; one millisecond adds `rate` units. Both come from

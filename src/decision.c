@@ -99,7 +99,8 @@ local_key(const DecisionRequest *request)
 	const Policy *policy = &request->policy;
 	uint64		seed = hash_bytes_extended((const unsigned char *) policy->name,
 										   strlen(policy->name),
-										   ((uint64) MyDatabaseId << 32) | (uint32) policy->version);
+										   (((uint64) MyDatabaseId << 32) | (uint32) policy->version) ^
+										   policy->installation);
 	uint64		key = hash_bytes_extended((const unsigned char *) request->subject,
 										  request->length, seed);
 

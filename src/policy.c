@@ -68,6 +68,12 @@ typedef struct OverrideVersion
 } OverrideVersion;
 
 static HTAB *policy_cache = NULL;
+/* The generation of the tables the cache was loaded at, and where to read the current one. */
+static int64 loaded_generation = -1;
+static Oid	generation_relid = InvalidOid;
+static Oid	installation_relid = InvalidOid;
+/* A cache reset (not an invalidation of our tables) arrived: the generation says if it matters. */
+static bool policy_cache_reset = false;
 static HTAB *override_cache = NULL;	/* NULL while the extension has no rl_override */
 static HTAB *override_versions = NULL;	/* the 'limit' overrides by version */
 static MemoryContext policy_cache_context = NULL;
@@ -77,12 +83,66 @@ static Oid	override_relid = InvalidOid;
 
 static void apply_limits(Policy *policy, const Override *override);
 
-/* Marks the cache stale when rl_policy or rl_override changes (or on a full reset). */
+/*
+ * Marks the cache stale when rl_policy or rl_override changes. A reset of all
+ * caches (InvalidOid: this backend missed invalidations, which any role can
+ * cause by creating and dropping temporary tables in a loop) only marks it to
+ * be checked: the tables' generation says whether they changed.
+ */
 static void
 policy_invalidate_callback(Datum arg, Oid relid)
 {
-	if (relid == InvalidOid || relid == policy_relid || relid == override_relid)
+	if (relid == InvalidOid)
+		policy_cache_reset = true;
+	else if (relid == policy_relid || relid == override_relid)
 		policy_cache_valid = false;
+}
+
+/*
+ * The first column (a bigint) of the one row of relid, read with snapshot:
+ * the generation of rl_policy_generation, the last_value of a sequence. -1
+ * when the relation cannot be read without waiting.
+ */
+static int64
+read_single_bigint(Oid relid, Snapshot snapshot)
+{
+	Relation	rel;
+	TableScanDesc scan;
+	HeapTuple	tuple;
+	int64		value = -1;
+	bool		isnull;
+
+	if (!ConditionalLockRelationOid(relid, AccessShareLock))
+		return -1;
+	rel = table_open(relid, NoLock);
+	scan = table_beginscan(rel, snapshot, 0, NULL);
+	tuple = heap_getnext(scan, ForwardScanDirection);
+	if (tuple != NULL)
+	{
+		Datum		datum = heap_getattr(tuple, 1, RelationGetDescr(rel), &isnull);
+
+		if (!isnull)
+			value = DatumGetInt64(datum);
+	}
+	table_endscan(scan);
+	table_close(rel, NoLock);
+	UnlockRelationOid(relid, AccessShareLock);
+	return value;
+}
+
+/*
+ * After a cache reset: true when the tables have not changed since the cache
+ * was loaded (their generation is the same), so the cache still holds.
+ */
+static bool
+policy_generation_unchanged(void)
+{
+	int64		generation;
+
+	if (!OidIsValid(generation_relid) || loaded_generation < 0)
+		return false;
+	generation = read_single_bigint(generation_relid, GetLatestSnapshot());
+	return generation >= 0 && generation == loaded_generation;
 }
 
 /* Registers the invalidation callback; called once per backend from _PG_init. */
@@ -164,7 +224,7 @@ policy_local_bucket(Policy *policy, int64 capacity, int64 refill_amount, int64 p
  * marked unusable, so that it fails its own decisions and no others.
  */
 static void
-load_policies(HTAB *cache, Oid relid, Snapshot snapshot)
+load_policies(HTAB *cache, Oid relid, Snapshot snapshot, uint64 installation)
 {
 	Relation	rel = table_open(relid, NoLock);
 	TupleDesc	desc = RelationGetDescr(rel);
@@ -196,6 +256,7 @@ load_policies(HTAB *cache, Oid relid, Snapshot snapshot)
 		name = TextDatumGetCString(values[name_col]);
 		policy = hash_search(cache, name, HASH_ENTER, NULL);
 		policy->version = DatumGetInt32(values[version_col]);
+		policy->installation = installation;
 		word = TextDatumGetCString(values[fail_mode_col]);
 		policy->fail_mode = parse_fail_mode(word);
 		word = TextDatumGetCString(values[mode_col]);
@@ -216,7 +277,9 @@ load_policies(HTAB *cache, Oid relid, Snapshot snapshot)
 			memset(&policy->bucket, 0, sizeof(policy->bucket));
 			policy->bucket.capacity = capacity;
 			policy->bucket.ttl_ms = policy->idle_ttl_ms;
-			policy->usable = capacity > 0 && policy->idle_ttl_ms > 0;
+			/* Lease expiries (now + TTL) and counts must stay exact in the script's doubles. */
+			policy->usable = capacity > 0 && capacity < BUCKET_EXACT_LIMIT &&
+				policy->idle_ttl_ms > 0 && policy->idle_ttl_ms <= BUCKET_MAX_TTL_MS;
 			policy->local_usable = false;
 		}
 		else
@@ -357,6 +420,7 @@ policy_cache_load(void)
 	HTAB	   *volatile overrides = NULL;
 	HTAB	   *volatile versions = NULL;
 	Snapshot	snapshot;
+	int64		installation;
 
 	if (!policy_cache_lock(policy_relid))
 		return;
@@ -380,7 +444,12 @@ policy_cache_load(void)
 	snapshot = RegisterSnapshot(GetLatestSnapshot());
 	PG_TRY();
 	{
-		load_policies(policies, policy_relid, snapshot);
+		/* The generation first: a change committed after it is read can only make the cache reload again. */
+		loaded_generation = OidIsValid(generation_relid) ?
+			read_single_bigint(generation_relid, snapshot) : -1;
+		installation = OidIsValid(installation_relid) ?
+			Max(read_single_bigint(installation_relid, snapshot), 0) : 0;
+		load_policies(policies, policy_relid, snapshot, (uint64) installation);
 		if (OidIsValid(override_relid))
 		{
 			hashctl.keysize = sizeof(uint64);
@@ -424,6 +493,12 @@ policy_lookup(Oid function_oid, const char *name)
 	/* Cheap when nothing is pending; lets a long transaction see committed changes. */
 	AcceptInvalidationMessages();
 
+	if (policy_cache_reset && policy_cache_valid)
+	{
+		policy_cache_reset = false;
+		if (!policy_generation_unchanged())
+			policy_cache_valid = false;
+	}
 	if (!policy_cache_valid)
 	{
 		Oid			namespace = get_func_namespace(function_oid);
@@ -433,8 +508,11 @@ policy_lookup(Oid function_oid, const char *name)
 			ereport(ERROR,
 					(errcode(ERRCODE_UNDEFINED_TABLE),
 					 errmsg("table rl_policy of extension ratelimit does not exist")));
-		/* Version 0.1.0 of the extension has no overrides. */
+		/* Version 0.1.0 of the extension has no overrides, versions before 0.4.0 none of these. */
 		override_relid = get_relname_relid("rl_override", namespace);
+		generation_relid = get_relname_relid("rl_policy_generation", namespace);
+		installation_relid = get_relname_relid("rl_installation_seq", namespace);
+		policy_cache_reset = false;
 		policy_cache_load();
 	}
 

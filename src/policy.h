@@ -41,6 +41,8 @@ typedef struct Policy
 {
 	char		name[NAMEDATALEN];	/* hash key; the table allows at most 63 bytes */
 	int32		version;
+	/* The extension's installation (0 for one upgraded from 0.3): part of every key with version. */
+	uint64		installation;
 	Algorithm	algorithm;
 	FailMode	fail_mode;
 	PolicyMode	mode;

@@ -171,13 +171,40 @@ subject_hash_tag(StringInfo out, const char *subject, int length)
 	append_hash_tag(out, subject, length, subject_tag_length(subject, length));
 }
 
-/* Builds the Redis key of policy's bucket for subject (already checked). */
+/* Appends n in base 36 (digits and lower-case letters). */
+static void
+append_base36(StringInfo out, uint64 n)
+{
+	char		digits[16];
+	int			length = 0;
+
+	do
+	{
+		digits[length++] = "0123456789abcdefghijklmnopqrstuvwxyz"[n % 36];
+		n /= 36;
+	} while (n > 0);
+	while (length > 0)
+		appendStringInfoChar(out, digits[--length]);
+}
+
+/*
+ * Builds the Redis key of policy's bucket for subject (already checked). The
+ * version segment is v<version>, followed by .<installation> for an
+ * installation made by 0.4 or later: versions start again at 1 in an
+ * extension dropped and created again, and must not find its old buckets.
+ */
 void
 subject_build_key(StringInfo key, const Policy *policy, const char *subject, int length)
 {
 	int			tag = subject_tag_length(subject, length);
 
-	appendStringInfo(key, "%s:%s:v%d:{", rl_key_prefix, key_scope_segment(), policy->version);
+	appendStringInfo(key, "%s:%s:v%d", rl_key_prefix, key_scope_segment(), policy->version);
+	if (policy->installation != 0)
+	{
+		appendStringInfoChar(key, '.');
+		append_base36(key, policy->installation);
+	}
+	appendStringInfoString(key, ":{");
 	append_hash_tag(key, subject, length, tag);
 	appendStringInfoChar(key, '}');
 	if (tag > 0)

@@ -94,7 +94,7 @@ $r->query_ok('COMMIT');
 # The versions are part of the keys: one bucket per version.
 my @keys = grep { /\{s1\}:p$/ } $redis->scan_keys;
 is_deeply(
-	[ sort map { /:v(\d+):/ ? $1 : () } @keys ],
+	[ sort map { /:v(\d+)(?:\.[0-9a-z]+)?:/ ? $1 : () } @keys ],
 	[ sort ($v1, $v2) ],
 	'one key per version that took tokens from s1');
 

@@ -29,8 +29,11 @@ my $policies = q{
 };
 $node->safe_psql('postgres', $policies);
 
-my %version = map { $_ => $node->safe_psql('postgres', "SELECT version FROM rl_policy WHERE name = '$_'") }
-  keys %refill_ms;
+# The version segment of each policy's keys: v<version>.<installation>.
+my $installation = key_installation($node);
+my %version = map {
+	$_ => $node->safe_psql('postgres', "SELECT version FROM rl_policy WHERE name = '$_'") . $installation
+} keys %refill_ms;
 
 my $email = 'alice@example.com';
 # A 200-byte bearer token.
@@ -62,8 +65,9 @@ unlike($all, qr/alice|example/i, 'no part of the e-mail address in any key');
 my @token_pieces = map { substr($token, $_, 12) } grep { $_ % 4 == 0 } 0 .. length($token) - 12;
 ok(!(grep { index($all, $_) >= 0 } @token_pieces), 'no 12-byte piece of the token in any key');
 is_deeply(
-	[ grep { !/\Arl:postgres:v\d+:\{(?:[A-Za-z0-9_.-]{1,64}|#[0-9a-f]{32})\}:[a-z0-9_.-]+\z/ } @keys ],
-	[], 'every key is rl:postgres:v<version>:{<safe id or #hash>}:<policy>');
+	[ grep { !/\Arl:postgres:v\d+\.[0-9a-z]+:\{(?:[A-Za-z0-9_.-]{1,64}|#[0-9a-f]{32})\}:[a-z0-9_.-]+\z/ } @keys ],
+	[], 'every key is rl:postgres:v<version>.<installation>:{<safe id or #hash>}:<policy>');
+isnt($installation, '', 'a new installation has an id of its own in its keys');
 
 for my $policy (sort keys %refill_ms)
 {
@@ -122,7 +126,8 @@ $node->safe_psql('postgres', 'CREATE DATABASE other');
 $node->safe_psql('other', 'CREATE EXTENSION ratelimit');
 $node->safe_psql('other', $policies);
 my $other = session($node, db => 'other');
-my $v_other = $node->safe_psql('other', q{SELECT version FROM rl_policy WHERE name = 'k'});
+my $v_other = $node->safe_psql('other', q{SELECT version FROM rl_policy WHERE name = 'k'})
+  . key_installation($node, 'other');
 for my $i (1 .. 10)
 {
 	$s->consume('k', 'both_dbs');

@@ -60,7 +60,7 @@ sub peek
 sub bucket_key
 {
 	my ($policy, $subject) = @_;
-	return "rl:postgres:v$version{$policy}:{$subject}:$policy";
+	return "rl:postgres:v$version{$policy}" . key_installation($node) . ":{$subject}:$policy";
 }
 
 ###

@@ -58,7 +58,7 @@ sub level
 #
 # Keys: one hash tag, one slot.
 #
-my $v = $version{'multi.keys'};
+my $v = $version{'multi.keys'} . key_installation($node);
 is( $node->safe_psql(
 		'postgres', q{
 	SELECT string_agg(allowed || '/' || source, ',')

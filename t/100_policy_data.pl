@@ -116,12 +116,13 @@ decision_is(decide('src', 'd.api', 'spammer'),
 	{ allowed => 'f', source => 'override' }, 'src: spammer is denied');
 
 my @keys = $redis->scan_keys;
+my $installation = key_installation($node, 'src');
 is_deeply(
 	[ sort grep { /\{(tenant_a|premium)\}/ } @keys ],
 	[
-		sort "rl:pd:v$v{'d.api'}:{tenant_a}:d.api",
-		"rl:pd:v$v{'d.api/premium'}:{premium}:d.api",
-		"rl:pd:v$v{'d.gone'}:{tenant_a}:d.gone"
+		sort "rl:pd:v$v{'d.api'}$installation:{tenant_a}:d.api",
+		"rl:pd:v$v{'d.api/premium'}$installation:{premium}:d.api",
+		"rl:pd:v$v{'d.gone'}$installation:{tenant_a}:d.gone"
 	],
 	'src: keys prefix:scope:v<version>:{subject}:policy, the override\'s with its own version');
 

@@ -26,6 +26,7 @@ our @EXPORT = qw(
   redis_start fake_redis_start rl_node session
   decision_sql parse_decision consume quote_literal sqlstate_of
   log_offset log_since wait_for_log timed run_pgbench backend_gone health
+  key_installation
 );
 
 # Processes (redis-server, fake servers) to kill at END, by pid.
@@ -136,6 +137,22 @@ sub backend_gone
 	my ($node, $pid) = @_;
 	return $node->poll_query_until('postgres',
 		"SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = $pid");
+}
+
+# What follows v<version> in the keys of node's database db: '' for an installation
+# upgraded from 0.3.0, else '.' and the installation's id in base 36.
+sub key_installation
+{
+	my ($node, $db) = @_;
+	my $id = $node->safe_psql($db // 'postgres', 'SELECT last_value FROM rl_installation_seq');
+	return '' if $id == 0;
+	my $digits = '';
+	while ($id > 0)
+	{
+		$digits = substr('0123456789abcdefghijklmnopqrstuvwxyz', $id % 36, 1) . $digits;
+		$id = int($id / 36);
+	}
+	return ".$digits";
 }
 
 # rl_health() in session s, as a hash by column name.

@@ -1,0 +1,181 @@
+-- ratelimit 0.3.0 -> 0.4.0: an installation id in the keys, a generation for the policy
+-- caches, bounds Redis can hold, history ids that stay unique across a restore.
+\echo Use "ALTER EXTENSION ratelimit UPDATE TO '0.4.0'" to load this file. \quit
+
+-- Versions start again at 1 when the extension is dropped and created again, so every
+-- key also names the installation: a random id chosen when the extension is created,
+-- kept by pg_dump (a restored database reads the same buckets). An installation
+-- upgraded from 0.3.0 that holds policies keeps id 0, which leaves its keys (and its
+-- buckets) as they were; one without any gets an id of its own. The sequence is only a
+-- dumpable place for one number: nothing calls nextval on it.
+CREATE SEQUENCE @extschema@.rl_installation_seq AS bigint MINVALUE 0 START 0;
+SELECT pg_catalog.setval('@extschema@.rl_installation_seq',
+       CASE WHEN EXISTS (SELECT FROM @extschema@.rl_policy) THEN 0
+            ELSE GREATEST(1, ('x' || pg_catalog.substr(pg_catalog.md5(pg_catalog.gen_random_uuid()::text), 1, 12))::bit(48)::bigint)
+       END, true);
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.rl_installation_seq', '');
+REVOKE ALL ON SEQUENCE @extschema@.rl_installation_seq FROM PUBLIC;
+COMMENT ON SEQUENCE @extschema@.rl_installation_seq IS
+    'the id of this installation of the extension, part of every Redis key; never advanced';
+
+-- Each change of rl_policy or rl_override bumps this generation. A backend that missed
+-- invalidations (any role can overflow the queue by creating temporary tables in a loop)
+-- reloads its cached policies only when the generation moved, not on every reset.
+CREATE TABLE @extschema@.rl_policy_generation (generation bigint NOT NULL);
+INSERT INTO @extschema@.rl_policy_generation VALUES (0);
+REVOKE ALL ON @extschema@.rl_policy_generation FROM PUBLIC;
+COMMENT ON TABLE @extschema@.rl_policy_generation IS
+    'bumped by every change of rl_policy and rl_override: tells a backend its cached policies are stale';
+
+CREATE FUNCTION @extschema@.rl_policy_bump_generation() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_RELID NOT IN ('@extschema@.rl_policy'::regclass, '@extschema@.rl_override'::regclass) THEN
+        RAISE EXCEPTION 'rl_policy_bump_generation is a trigger of rl_policy and rl_override only'
+            USING ERRCODE = 'trigger_protocol_violated';
+    END IF;
+    UPDATE @extschema@.rl_policy_generation SET generation = generation + 1;
+    RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION @extschema@.rl_policy_bump_generation() FROM PUBLIC;
+
+CREATE TRIGGER rl_policy_generation
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON @extschema@.rl_policy
+    FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.rl_policy_bump_generation();
+CREATE TRIGGER rl_override_generation
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON @extschema@.rl_override
+    FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.rl_policy_bump_generation();
+
+-- What the scripts cannot hold exactly (Lua numbers are doubles): a capacity of 2^53 or
+-- more, an idle_ttl over 2^52 ms (about 142,000 years, so that now + TTL stays exact).
+-- Rows that break them already fail every decision; they are reported, not refused, so
+-- that the update itself never fails.
+ALTER TABLE @extschema@.rl_policy
+    ADD CONSTRAINT rl_policy_capacity_bound_check CHECK (capacity < 9007199254740992) NOT VALID,
+    ADD CONSTRAINT rl_policy_idle_ttl_bound_check
+        CHECK (idle_ttl IS NULL OR @extschema@.rl_interval_ms(idle_ttl) <= 4503599627370496) NOT VALID;
+ALTER TABLE @extschema@.rl_override
+    ADD CONSTRAINT rl_override_capacity_bound_check CHECK (capacity < 9007199254740992) NOT VALID;
+DO $$
+DECLARE
+    item record;
+BEGIN
+    FOR item IN VALUES ('@extschema@.rl_policy', 'rl_policy_capacity_bound_check'),
+                       ('@extschema@.rl_policy', 'rl_policy_idle_ttl_bound_check'),
+                       ('@extschema@.rl_override', 'rl_override_capacity_bound_check') LOOP
+        BEGIN
+            EXECUTE format('ALTER TABLE %s VALIDATE CONSTRAINT %I', item.column1, item.column2);
+        EXCEPTION WHEN check_violation THEN
+            RAISE WARNING 'rows of % break constraint %: Redis cannot hold them, so their decisions fail until they are corrected',
+                item.column1, item.column2;
+        END;
+    END LOOP;
+END
+$$;
+
+-- History ids stay unique and increasing across a restore. pg_restore loads the policies
+-- and overrides before their history; those rows come back with their own versions
+-- (rl_inserted_version keeps them), and recording them again would give the restore's
+-- own rows ids that the restored history then reuses. So an insert that keeps its
+-- version while the history is still empty (a restore) is not recorded: the restored
+-- history already holds it. rl_inserted_version says so to rl_policy_record through a
+-- setting of the transaction; only a superuser's insert can keep its version.
+CREATE OR REPLACE FUNCTION @extschema@.rl_inserted_version(object text, name text, subject text, item jsonb)
+RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    supplied integer := (item ->> 'version')::integer;
+BEGIN
+    IF supplied IS NULL OR supplied <= 0
+       OR NOT coalesce((SELECT r.rolsuper FROM pg_roles r
+                        WHERE r.rolname = coalesce(nullif(current_setting('role'), 'none'),
+                                                   session_user::text)), false)
+       OR EXISTS (
+        SELECT FROM @extschema@.rl_policy_history h
+        WHERE h.name = rl_inserted_version.name AND h.new IS NOT NULL
+          AND (h.new ->> 'version')::integer = supplied
+          AND (h.object, h.subject, @extschema@.rl_limits(h.new))
+              IS DISTINCT FROM (rl_inserted_version.object, rl_inserted_version.subject,
+                                @extschema@.rl_limits(item)))
+       OR EXISTS (SELECT FROM @extschema@.rl_override o
+                  WHERE o.policy = rl_inserted_version.name AND o.version = supplied
+                    AND (object, o.subject) IS DISTINCT FROM ('override', rl_inserted_version.subject))
+       OR EXISTS (SELECT FROM @extschema@.rl_policy p
+                  WHERE p.name = rl_inserted_version.name AND p.version = supplied
+                    AND object <> 'policy') THEN
+        RETURN nextval('@extschema@.rl_policy_version_seq');
+    END IF;
+    IF supplied > (SELECT CASE WHEN is_called THEN last_value ELSE 0 END
+                   FROM @extschema@.rl_policy_version_seq) THEN
+        PERFORM setval('@extschema@.rl_policy_version_seq', supplied);
+    END IF;
+    IF NOT EXISTS (SELECT FROM @extschema@.rl_policy_history) THEN
+        PERFORM set_config('rl_history.restoring', 'on', true);
+    END IF;
+    RETURN supplied;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION @extschema@.rl_policy_record() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    who text := coalesce(nullif(current_setting('role'), 'none'), session_user::text);
+    object text;
+    item jsonb;
+BEGIN
+    IF TG_RELID = '@extschema@.rl_policy'::regclass THEN
+        object := 'policy';
+    ELSIF TG_RELID = '@extschema@.rl_override'::regclass THEN
+        object := 'override';
+    ELSE
+        RAISE EXCEPTION 'rl_policy_record is a trigger of rl_policy and rl_override only'
+            USING ERRCODE = 'trigger_protocol_violated';
+    END IF;
+    IF TG_OP = 'TRUNCATE' THEN
+        -- Before the truncate the rows are still there: record each.
+        FOR item IN EXECUTE format('SELECT to_jsonb(t) FROM %s t', TG_RELID::regclass) LOOP
+            INSERT INTO @extschema@.rl_policy_history (role, action, object, name, subject, old)
+            VALUES (who, 'TRUNCATE', object, coalesce(item ->> 'name', item ->> 'policy'),
+                    item ->> 'subject', item);
+        END LOOP;
+        RETURN NULL;
+    END IF;
+    -- A restore: the rows come back before their history, which records them already.
+    IF TG_OP = 'INSERT' AND current_setting('rl_history.restoring', true) = 'on'
+       AND NOT EXISTS (SELECT FROM @extschema@.rl_policy_history)
+       AND coalesce((SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = who), false) THEN
+        RETURN NULL;
+    END IF;
+    item := CASE WHEN TG_OP = 'DELETE' THEN to_jsonb(OLD) ELSE to_jsonb(NEW) END;
+    INSERT INTO @extschema@.rl_policy_history (role, action, object, name, subject, old, new)
+    VALUES (who, TG_OP, object, coalesce(item ->> 'name', item ->> 'policy'), item ->> 'subject',
+            CASE WHEN TG_OP <> 'INSERT' THEN to_jsonb(OLD) END,
+            CASE WHEN TG_OP <> 'DELETE' THEN to_jsonb(NEW) END);
+    RETURN NULL;
+END
+$$;
+
+-- Ids that earlier restores made repeat go to the rows recorded by the restore (the
+-- later ones), renumbered after every other id in the order they were made; then the
+-- ids are unique again, and a unique index keeps them so.
+SELECT pg_catalog.setval('@extschema@.rl_policy_history_id_seq',
+       GREATEST((SELECT max(id) FROM @extschema@.rl_policy_history),
+                           (SELECT last_value FROM @extschema@.rl_policy_history_id_seq)));
+DO $$
+DECLARE
+    item record;
+BEGIN
+    FOR item IN SELECT h.ctid AS tid FROM @extschema@.rl_policy_history h
+                WHERE EXISTS (SELECT FROM @extschema@.rl_policy_history o
+                              WHERE o.id = h.id AND (o.at, o.ctid) < (h.at, h.ctid))
+                ORDER BY h.at, h.id LOOP
+        UPDATE @extschema@.rl_policy_history
+        SET id = nextval('@extschema@.rl_policy_history_id_seq') WHERE ctid = item.tid;
+    END LOOP;
+END
+$$;
+CREATE UNIQUE INDEX rl_policy_history_id_idx ON @extschema@.rl_policy_history (id);
+
+COMMENT ON FUNCTION @extschema@.rl_reserve(text, text, bigint) IS
+    'like rl_consume, but the tokens come back if the transaction or savepoint rolls back: for writes that stay in the transaction, never for reads or exports whose effect leaves it';
