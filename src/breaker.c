@@ -161,6 +161,13 @@ server_command_timeout_ms(BreakerState *state)
 		(int) pg_atomic_read_u32(&state->server_command_timeout_ms) : rl_command_timeout_ms;
 }
 
+/* The server's own command_timeout (this backend's without shared memory). */
+int
+breaker_server_command_timeout_ms(void)
+{
+	return server_command_timeout_ms(breaker_state());
+}
+
 /*
  * Whether the caller should try Redis: BREAKER_CLOSED (it answers), BREAKER_PROBE
  * (this caller won the one probe), or BREAKER_SKIP.

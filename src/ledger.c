@@ -60,6 +60,7 @@ typedef struct LedgerLoss
 {
 	const LedgerOps *ops;
 	const char *reason;
+	bool		uncertain;		/* the request went out: Redis may still run it */
 	int			count;
 	int			npolicies;
 	const char *policies[LEDGER_LOG_POLICIES];
@@ -157,22 +158,27 @@ ledger_forget(LedgerEntry *entry)
 		MemoryContextReset(ledger_context);
 }
 
-/* Counts entry as not given back for reason. */
+/*
+ * Counts entry as not given back for reason; uncertain when the request went
+ * out, so that Redis may still run it (and give it back) later.
+ */
 static void
-loss_add(LedgerLoss **losses, const LedgerEntry *entry, const char *reason)
+loss_add(LedgerLoss **losses, const LedgerEntry *entry, const char *reason, bool uncertain)
 {
 	const char *policy = entry->ops->policy_name(entry);
 	LedgerLoss *loss;
 	int			i;
 
 	for (loss = *losses; loss != NULL; loss = loss->next)
-		if (loss->ops == entry->ops && strcmp(loss->reason, reason) == 0)
+		if (loss->ops == entry->ops && strcmp(loss->reason, reason) == 0 &&
+			loss->uncertain == uncertain)
 			break;
 	if (loss == NULL)
 	{
 		loss = palloc0(sizeof(LedgerLoss));
 		loss->ops = entry->ops;
 		loss->reason = reason;
+		loss->uncertain = uncertain;
 		loss->next = *losses;
 		*losses = loss;
 	}
@@ -198,7 +204,8 @@ losses_log(const LedgerLoss *losses)
 	for (const LedgerLoss *loss = losses; loss != NULL; loss = loss->next)
 	{
 		StringInfoData policies;
-		char	   *line_class = psprintf("%s %s", loss->ops->what, loss->reason);
+		char	   *line_class = psprintf("%s %s%s", loss->ops->what, loss->reason,
+										  loss->uncertain ? " (uncertain)" : "");
 		int64		held_back;
 
 		/* Under a long outage every transaction end loses some: one line per retry_interval. */
@@ -213,6 +220,10 @@ losses_log(const LedgerLoss *losses)
 		ereport(LOG,
 				(errhidestmt(true),
 				 errhidecontext(true),
+				 loss->uncertain ?
+				 errmsg("ratelimit: %d %s%s may not have been %s: %s", loss->count,
+						loss->ops->what, loss->count == 1 ? "" : "s", loss->ops->given_back,
+						loss->reason) :
 				 errmsg("ratelimit: %d %s%s not %s: %s", loss->count, loss->ops->what,
 						loss->count == 1 ? " was" : "s were", loss->ops->given_back, loss->reason),
 				 errdetail("Policies: %s. %s%s", policies.data, loss->ops->if_lost,
@@ -231,7 +242,8 @@ loss_reason(const RedisFailure *failure)
 		case REDIS_FAILURE_NONE:
 			return "Redis was not asked: it could not be reached shortly before";
 		case REDIS_FAILURE_TIMEOUT:
-			return "Redis did not answer within ratelimit.command_timeout";
+			return ProcDiePending ? "the backend was terminated before Redis answered" :
+				"Redis did not answer within ratelimit.command_timeout";
 		case REDIS_FAILURE_PERMISSION:
 			return psprintf("Redis refused it (permission: %s)", failure->detail);
 		case REDIS_FAILURE_REPLY:
@@ -252,11 +264,12 @@ ledger_send(void *arg, RedisFailure *failure)
 
 /*
  * Gives back the entries of due: locally where they can be, else all in one
- * pipeline within one command_timeout. Logs what was not given back. Raises
- * nothing: this runs where an error cannot be raised.
+ * pipeline within one command_timeout (at exit, the server's, if shorter: a
+ * session's own must not hold up a shutdown). Logs what was not given back.
+ * Raises nothing: this runs where an error cannot be raised.
  */
 static void
-ledger_settle(List *due)
+ledger_settle(List *due, bool exiting)
 {
 	MemoryContext caller_context = CurrentMemoryContext;
 	MemoryContext context;
@@ -285,7 +298,7 @@ ledger_settle(List *due)
 				continue;
 			if (strcmp(entry->redis_url, url) != 0)
 			{
-				loss_add(&found, entry, "ratelimit.redis_url changed since");
+				loss_add(&found, entry, "ratelimit.redis_url changed since", false);
 				continue;
 			}
 			entry->ops->prepare_call(entry, &calls[n]);
@@ -293,10 +306,12 @@ ledger_settle(List *due)
 		}
 		if (n > 0)
 		{
+			int			timeout_ms = exiting ?
+				Min(rl_command_timeout_ms, breaker_server_command_timeout_ms()) : rl_command_timeout_ms;
 			LedgerBatch batch = {
 				.calls = calls,
 				.ncalls = n,
-				.deadline = rl_monotonic_us() + (int64) rl_command_timeout_ms * 1000,
+				.deadline = rl_monotonic_us() + (int64) timeout_ms * 1000,
 			};
 			RedisFailure failure;
 
@@ -308,7 +323,8 @@ ledger_settle(List *due)
 
 				stats_redis(asked[i]->ops->policy_name(asked[i]), calls[i].answered, why);
 				if (!calls[i].answered)
-					loss_add(&found, asked[i], loss_reason(why));
+					loss_add(&found, asked[i], loss_reason(why), why->maybe_ran &&
+							 why->kind != REDIS_FAILURE_REPLY && why->kind != REDIS_FAILURE_PERMISSION);
 			}
 		}
 		losses_log(found);
@@ -386,7 +402,7 @@ ledger_close(LedgerMoment moment, SubTransactionId from)
 	entries = kept;
 	MemoryContextSwitchTo(old_context);
 
-	ledger_settle(due);
+	ledger_settle(due, moment == LEDGER_EXIT);
 	foreach(cell, done)
 		ledger_free(lfirst(cell));
 	list_free(due);

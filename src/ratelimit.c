@@ -22,6 +22,7 @@
 #include "local.h"
 #include "log_privacy.h"
 #include "policy.h"
+#include "redis.h"
 #include "redis_url.h"
 #include "reservation.h"
 #include "secret.h"
@@ -244,6 +245,7 @@ _PG_init(void)
 							 "SQLSTATE PGRST, with the JSON message and detail PostgREST reads.",
 							 &rl_postgrest_errors, false, PGC_USERSET, 0, NULL, NULL, NULL);
 	log_privacy_init();
+	redis_init();
 	policy_cache_init();
 	ledger_init();
 

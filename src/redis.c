@@ -25,11 +25,13 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
+#include "access/xact.h"
 #include "common/cryptohash.h"
 #include "common/sha1.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "storage/fd.h"
+#include "storage/ipc.h"
 #include "storage/latch.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
@@ -257,6 +259,14 @@ redis_wait(uint32 events, int64 deadline)
 		{
 			ResetLatch(MyLatch);
 			redis_check_for_interrupts();
+			/*
+			 * Where interrupts are held (giving back at the end of a transaction),
+			 * a terminate cannot be served here: stop waiting, so that it is
+			 * served as soon as they are resumed. (At exit it is being served:
+			 * what is given back then has its deadline.)
+			 */
+			if (ProcDiePending && InterruptHoldoffCount > 0 && !proc_exit_inprogress)
+				return 0;
 			continue;
 		}
 		if (event.events & events)
@@ -330,8 +340,10 @@ redis_exchange(int nreplies, int64 deadline, RedisReplyHandler handler, void *ar
 			   RedisFailure *failure)
 {
 	int			received = 0;
+	RespScanner scanner;
 
 	Assert(connection.sock != PGINVALID_SOCKET && connection.busy);
+	resp_scanner_start(&scanner);
 	for (;;)
 	{
 		uint32		events;
@@ -345,7 +357,8 @@ redis_exchange(int nreplies, int64 deadline, RedisReplyHandler handler, void *ar
 			size_t		length;
 			RespValue	reply;
 
-			switch (resp_scan(start, connection.input.len - connection.input_start, &length))
+			switch (resp_scan(&scanner, start, connection.input.len - connection.input_start,
+							  &length))
 			{
 				case RESP_INCOMPLETE:
 					break;
@@ -353,6 +366,7 @@ redis_exchange(int nreplies, int64 deadline, RedisReplyHandler handler, void *ar
 					resp_read(start, &reply);
 					handler(received++, &reply, arg);
 					connection.input_start += length;
+					resp_scanner_start(&scanner);
 					continue;
 				case RESP_MALFORMED:
 					failure->maybe_ran = true;
@@ -372,7 +386,8 @@ redis_exchange(int nreplies, int64 deadline, RedisReplyHandler handler, void *ar
 		if (occurred == 0)
 		{
 			failure->maybe_ran = connection.output_sent > 0;
-			return fail_and_disconnect(failure, REDIS_FAILURE_TIMEOUT, "timeout");
+			return fail_and_disconnect(failure, REDIS_FAILURE_TIMEOUT,
+									   ProcDiePending ? "backend terminating" : "no answer in time");
 		}
 		if ((occurred & WL_SOCKET_READABLE) && !redis_receive(failure))
 			return false;
@@ -687,6 +702,26 @@ redis_connection_usable(void)
 	}
 	redis_disconnect();
 	return false;
+}
+
+/*
+ * A request cut off by an error (a cancel, a statement timeout) leaves the
+ * connection busy: it is closed when the transaction aborts, rather than kept
+ * open to a server that may still be sending.
+ */
+static void
+redis_xact_callback(XactEvent event, void *arg)
+{
+	if ((event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT) &&
+		connection.sock != PGINVALID_SOCKET && connection.busy)
+		redis_disconnect();
+}
+
+/* Registers the transaction callback; called once per process from _PG_init. */
+void
+redis_init(void)
+{
+	RegisterXactCallback(redis_xact_callback, NULL);
 }
 
 /* Computes the script's SHA1 in hex, once. */

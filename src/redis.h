@@ -62,6 +62,7 @@ typedef struct RedisCall
 /* Microseconds from sending the last call (or pipeline) to its last reply; -1 when none came. */
 extern int64 redis_last_round_trip_us;
 
+extern void redis_init(void);
 extern bool redis_run_script(RedisScript *script, int nkeys, const char *const *keys,
 							 int nargs, const char *const *args,
 							 long long *results, int nresults,

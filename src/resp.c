@@ -6,9 +6,9 @@
  * that the bytes at the front of a buffer are one whole, valid reply no larger
  * than RESP_MAX_REPLY_BYTES, and readers then walk those bytes in place. So a
  * hostile or broken server can make a backend hold at most the bounded buffer
- * (in a PostgreSQL memory context), whatever counts its headers claim, and a
- * scan costs time in proportion to the bytes received, never to a claimed
- * count.
+ * (in a PostgreSQL memory context), whatever counts its headers claim. A scan
+ * resumes where the last one stopped as more bytes arrive, so a reply costs
+ * time in proportion to its bytes, never to a claimed count.
  */
 #include "ratelimit.h"
 
@@ -55,24 +55,32 @@ parse_number(const char *start, const char *end, int64 *out)
 	return true;
 }
 
+/* Starts the scan of a new reply. */
+void
+resp_scanner_start(RespScanner *scanner)
+{
+	scanner->position = 0;
+	scanner->depth = 0;
+	scanner->pending[0] = 1;
+}
+
 /*
  * Checks that data[0 .. length) starts with one whole, valid reply; on
  * RESP_COMPLETE, *reply_length is its length (the buffer may hold more replies
- * after it). Allocates nothing.
+ * after it). The scan resumes where scanner left it: data must start with the
+ * same reply, with more bytes after those scanned already. Allocates nothing.
  */
 RespScan
-resp_scan(const char *data, size_t length, size_t *reply_length)
+resp_scan(RespScanner *scanner, const char *data, size_t length, size_t *reply_length)
 {
 	const char *end = data + length;
-	const char *p = data;
-	int64		pending[RESP_MAX_DEPTH + 1];
-	int			depth = 0;
+	const char *p = data + scanner->position;
 
-	pending[0] = 1;
 	for (;;)
 	{
 		const char *cr;
 		const char *line;
+		const char *next;
 		char		type;
 		int64		number = 0;
 
@@ -88,7 +96,7 @@ resp_scan(const char *data, size_t length, size_t *reply_length)
 		/* A header line is text: a NUL in it is not RESP (and would end it for strchr). */
 		if (cr[1] != '\n' || memchr(line, '\0', cr - line) != NULL)
 			return RESP_MALFORMED;
-		p = cr + 2;
+		next = cr + 2;
 		switch (type)
 		{
 			case RESP_STATUS:
@@ -104,33 +112,37 @@ resp_scan(const char *data, size_t length, size_t *reply_length)
 				if (number < 0)
 					break;
 				/* Refused before its bytes are awaited, let alone kept. */
-				if (number > RESP_MAX_REPLY_BYTES - (p - data))
+				if (number > RESP_MAX_REPLY_BYTES - (next - data))
 					return RESP_TOO_LARGE;
-				if (end - p < number + 2)
+				if (end - next < number + 2)
 					return RESP_INCOMPLETE;
-				if (p[number] != '\r' || p[number + 1] != '\n')
+				if (next[number] != '\r' || next[number + 1] != '\n')
 					return RESP_MALFORMED;
-				p += number + 2;
+				next += number + 2;
 				break;
 			case RESP_ARRAY:
 				if (!parse_number(line, cr, &number) || number < -1)
 					return RESP_MALFORMED;
 				if (number <= 0)
 					break;
-				if (number > (RESP_MAX_REPLY_BYTES - (p - data)) / RESP_MIN_ELEMENT_BYTES ||
-					depth == RESP_MAX_DEPTH)
+				if (number > (RESP_MAX_REPLY_BYTES - (next - data)) / RESP_MIN_ELEMENT_BYTES ||
+					scanner->depth == RESP_MAX_DEPTH)
 					return RESP_TOO_LARGE;
 				/* Its elements come next, one level down. */
-				pending[++depth] = number;
+				scanner->pending[++scanner->depth] = number;
+				p = next;
+				scanner->position = p - data;
 				continue;
 			default:
 				return RESP_MALFORMED;
 		}
 		/* One value is done: so, maybe, are the arrays that end with it. */
-		pending[depth]--;
-		while (depth > 0 && pending[depth] == 0)
-			pending[--depth]--;
-		if (depth == 0 && pending[0] == 0)
+		p = next;
+		scanner->position = p - data;
+		scanner->pending[scanner->depth]--;
+		while (scanner->depth > 0 && scanner->pending[scanner->depth] == 0)
+			scanner->pending[--scanner->depth]--;
+		if (scanner->depth == 0 && scanner->pending[0] == 0)
 		{
 			*reply_length = p - data;
 			return RESP_COMPLETE;

@@ -45,6 +45,17 @@ typedef enum RespScan
 	RESP_TOO_LARGE				/* over RESP_MAX_REPLY_BYTES or RESP_MAX_DEPTH */
 } RespScan;
 
+/*
+ * Where a scan of one reply has got to, so that more bytes resume it instead
+ * of scanning the reply again from its start.
+ */
+typedef struct RespScanner
+{
+	size_t		position;		/* bytes of the reply scanned: whole values up to here */
+	int			depth;
+	int64		pending[RESP_MAX_DEPTH + 1];	/* values still to come at each level */
+} RespScanner;
+
 /* The elements of an array, one after the other. */
 typedef struct RespIterator
 {
@@ -53,7 +64,9 @@ typedef struct RespIterator
 } RespIterator;
 
 extern void resp_append_command(StringInfo out, int argc, const char *const *argv);
-extern RespScan resp_scan(const char *data, size_t length, size_t *reply_length);
+extern void resp_scanner_start(RespScanner *scanner);
+extern RespScan resp_scan(RespScanner *scanner, const char *data, size_t length,
+						  size_t *reply_length);
 extern void resp_read(const char *data, RespValue *value);
 extern void resp_iterate(const RespValue *array, RespIterator *iterator);
 extern bool resp_next(RespIterator *iterator, RespValue *value);

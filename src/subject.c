@@ -110,22 +110,23 @@ key_scope_segment(void)
 	static char *database_name = NULL;
 	static char *segment = NULL;
 	static char *hashed_with = NULL;	/* NULL: the name is a safe id */
-	const char *secret;
 	StringInfoData rendered;
+	const char *secret;
+	bool		safe;
 
 	if (rl_key_scope != NULL && rl_key_scope[0] != '\0')
 		return rl_key_scope;
-	if (segment != NULL && hashed_with == NULL)
-		return segment;
-	secret = secret_subject_key();
-	if (segment != NULL && (hashed_with == NULL || strcmp(hashed_with, secret) == 0))
-		return segment;
 	if (database_name == NULL)
 	{
 		char	   *name = get_database_name(MyDatabaseId);
 
 		database_name = MemoryContextStrdup(TopMemoryContext, name ? name : "");
 	}
+	/* A safe name needs no secret: it is as it is. */
+	safe = subject_is_safe_id(database_name, strlen(database_name));
+	secret = safe ? NULL : secret_subject_key();
+	if (segment != NULL && (safe || strcmp(hashed_with, secret) == 0))
+		return segment;
 	initStringInfo(&rendered);
 	append_safe(&rendered, database_name, strlen(database_name));
 	if (segment != NULL)
@@ -133,8 +134,7 @@ key_scope_segment(void)
 	if (hashed_with != NULL)
 		pfree(hashed_with);
 	segment = MemoryContextStrdup(TopMemoryContext, rendered.data);
-	hashed_with = subject_is_safe_id(database_name, strlen(database_name)) ? NULL :
-		MemoryContextStrdup(TopMemoryContext, secret);
+	hashed_with = safe ? NULL : MemoryContextStrdup(TopMemoryContext, secret);
 	pfree(rendered.data);
 	return segment;
 }

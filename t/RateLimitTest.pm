@@ -26,7 +26,7 @@ our @EXPORT = qw(
   redis_start fake_redis_start rl_node session
   decision_sql parse_decision consume quote_literal sqlstate_of
   log_offset log_since wait_for_log timed run_pgbench backend_gone health
-  key_installation
+  key_installation delay_proxy_start backend_peak_kb
 );
 
 # Processes (redis-server, fake servers) to kill at END, by pid.
@@ -277,6 +277,20 @@ sub fake_redis_start
 	return RateLimitTest::FakeRedis->new(@_);
 }
 
+# Starts a TCP proxy that delays every byte; see RateLimitTest::DelayProxy::new.
+sub delay_proxy_start
+{
+	return RateLimitTest::DelayProxy->new(@_);
+}
+
+# The peak resident memory (VmHWM, kB) of process pid so far, from /proc.
+sub backend_peak_kb
+{
+	my ($pid) = @_;
+	my $status = slurp_file("/proc/$pid/status");
+	return $status =~ /^VmHWM:\s+(\d+) kB/m ? $1 : undef;
+}
+
 sub _register_child
 {
 	my ($pid) = @_;
@@ -302,7 +316,9 @@ use PostgreSQL::Test::Utils;
 
 # Starts redis-server as the current user on 127.0.0.1 and a free port, with a
 # unix socket too, no persistence. Options: name, password (requirepass),
-# args (more redis-server arguments).
+# args (more redis-server arguments), acl (ACL SETUSER argument lists, applied
+# at every start; then the "default" user is switched off and redis-cli logs in
+# as the first of them, which must be an administrator).
 sub new
 {
 	my ($class, %opt) = @_;
@@ -310,6 +326,7 @@ sub new
 		name => $opt{name} // 'redis',
 		password => $opt{password},
 		args => $opt{args} // [],
+		acl => $opt{acl},
 		port => PostgreSQL::Test::Cluster::get_free_port(),
 		dir => PostgreSQL::Test::Utils::tempdir(),
 	}, $class;
@@ -379,7 +396,7 @@ sub start
 	my $deadline = time + 15;
 	while (1)
 	{
-		my $pong = eval { $self->cli('PING') } // '';
+		my $pong = eval { local $self->{cli_user}; $self->cli('PING') } // '';
 		last if $pong eq 'PONG';
 		if (waitpid($pid, POSIX::WNOHANG()) == $pid || time > $deadline)
 		{
@@ -387,6 +404,15 @@ sub start
 			die "redis-server $self->{name} did not start; see $self->{logfile}";
 		}
 		usleep(20_000);
+	}
+	if ($self->{acl})
+	{
+		delete $self->{cli_user};
+		$self->cli('ACL', 'SETUSER', @$_) foreach @{ $self->{acl} };
+		my ($user) = @{ $self->{acl}[0] };
+		my ($password) = map { substr($_, 1) } grep { /^>/ } @{ $self->{acl}[0] };
+		$self->{cli_user} = [ $user, $password ];
+		$self->cli('ACL', 'SETUSER', 'default', 'off');
 	}
 	return $self;
 }
@@ -440,8 +466,15 @@ sub cli
 {
 	my ($self, @args) = @_;
 	my @cmd = ('redis-cli', '-h', '127.0.0.1', '-p', $self->{port});
-	push @cmd, '-a', $self->{password}, '--no-auth-warning'
-	  if defined $self->{password};
+	if ($self->{cli_user})
+	{
+		push @cmd, '--user', $self->{cli_user}[0], '--pass', $self->{cli_user}[1],
+		  '--no-auth-warning';
+	}
+	elsif (defined $self->{password})
+	{
+		push @cmd, '-a', $self->{password}, '--no-auth-warning';
+	}
 	my ($status, $out, $err) = RateLimitTest::run_with_timeout([ @cmd, @args ], 20);
 	die "redis-cli @args failed: $err" if $status != 0;
 	chomp $out;
@@ -478,7 +511,9 @@ use Time::HiRes qw(time usleep);
 # Starts, in a child process, a TCP server on 127.0.0.1 that reads RESP
 # commands and answers each with reply->(command name in upper case) (a
 # string of raw bytes, or undef to close the connection). reply may also be a
-# plain string, sent for every command. The child gives up after lifetime s.
+# plain string, sent for every command, and an answer may be a hash
+# { head => bytes, stream => bytes }: head, then stream again and again until
+# the client goes. The child gives up after lifetime s.
 sub new
 {
 	my ($class, %opt) = @_;
@@ -576,8 +611,133 @@ sub _serve
 					close $socket;
 					last;
 				}
+				if (ref $answer eq 'HASH')
+				{
+					# A reply that never ends: write until the client is gone.
+					local $SIG{PIPE} = 'IGNORE';
+					syswrite($socket, $answer->{head}) if defined $answer->{head};
+					my $chunk = $answer->{stream} x 4096;
+					while (time < $deadline)
+					{
+						last unless defined syswrite($socket, $chunk);
+					}
+					$select->remove($socket);
+					delete $buffers{$socket};
+					close $socket;
+					last;
+				}
 				syswrite($socket, $answer);
 			}
+		}
+	}
+}
+
+
+package RateLimitTest::DelayProxy;
+
+use strict;
+use warnings;
+
+use IO::Select;
+use IO::Socket::INET;
+use POSIX ();
+use Time::HiRes qw(time);
+
+# Starts, in a child process, a TCP proxy on 127.0.0.1 to target_port that holds
+# every byte for delay_ms in each direction, as a Redis that far away would
+# (a round trip of twice delay_ms). Options: target_port, delay_ms, lifetime (s).
+sub new
+{
+	my ($class, %opt) = @_;
+	my $listener = IO::Socket::INET->new(
+		LocalAddr => '127.0.0.1',
+		LocalPort => 0,
+		Listen => 64,
+		ReuseAddr => 1) or die "could not listen: $!";
+	my $self = bless { port => $listener->sockport }, $class;
+	my $pid = fork();
+	die "fork failed: $!" unless defined $pid;
+	if ($pid == 0)
+	{
+		eval { _relay($listener, $opt{target_port}, ($opt{delay_ms} // 10) / 1000, $opt{lifetime} // 300) };
+		POSIX::_exit(0);
+	}
+	close $listener;
+	RateLimitTest::_register_child($pid);
+	$self->{pid} = $pid;
+	return $self;
+}
+
+sub port { return $_[0]->{port} }
+
+sub url { return "redis://127.0.0.1:$_[0]->{port}" }
+
+sub stop
+{
+	my ($self) = @_;
+	return unless $self->{pid};
+	kill 'KILL', $self->{pid};
+	waitpid($self->{pid}, 0);
+	RateLimitTest::_forget_child($self->{pid});
+	delete $self->{pid};
+}
+
+sub _relay
+{
+	my ($listener, $target_port, $delay, $lifetime) = @_;
+	local $SIG{PIPE} = 'IGNORE';
+	my $deadline = time + $lifetime;
+	my $select = IO::Select->new($listener);
+	my %peer;     # socket => the socket its bytes go to
+	my @queue;    # [due time, socket to write to, bytes], in order
+	my $close = sub {
+		my ($socket) = @_;
+		# A copy: deleting from %peer must not free what the loop walks.
+		my @pair = grep { defined } ($socket, $peer{$socket});
+		foreach my $s (@pair)
+		{
+			$select->remove($s);
+			delete $peer{$s};
+			close $s;
+		}
+	};
+	while (time < $deadline)
+	{
+		my $wait = @queue ? $queue[0][0] - time : 0.2;
+		$wait = 0 if $wait < 0;
+		foreach my $socket ($select->can_read($wait))
+		{
+			if ($socket == $listener)
+			{
+				my $client = $listener->accept or next;
+				my $upstream = IO::Socket::INET->new(
+					PeerAddr => '127.0.0.1',
+					PeerPort => $target_port) or do { close $client; next };
+				$peer{$client} = $upstream;
+				$peer{$upstream} = $client;
+				$select->add($client, $upstream);
+				next;
+			}
+			my $read = sysread($socket, my $chunk, 65536);
+			my $to = $peer{$socket};
+			if (!$read)
+			{
+				push @queue, [ time + $delay, $to, undef ] if defined $to;
+				$select->remove($socket);
+				next;
+			}
+			push @queue, [ time + $delay, $to, $chunk ] if defined $to;
+		}
+		while (@queue && $queue[0][0] <= time)
+		{
+			my ($due, $to, $bytes) = @{ shift @queue };
+			next unless defined $to && exists $peer{$to};
+			if (!defined $bytes)
+			{
+				$close->($to);
+				next;
+			}
+			$close->($to) unless defined syswrite($to, $bytes);
 		}
 	}
 }
@@ -593,12 +753,14 @@ use Time::HiRes qw(time usleep);
 
 # A psql process on one connection that stays open: queries run one after the
 # other in the same backend. Errors do not stop it; stderr shows SQLSTATEs.
-# Options: db (default postgres), user, timeout (default for each query, s).
+# Options: db (default postgres), user, options (the startup packet's, as
+# PGOPTIONS takes them), timeout (default for each query, s).
 sub new
 {
 	my ($class, $node, %opt) = @_;
 	my $connstr = $node->connstr($opt{db} // 'postgres');
 	$connstr .= " user=$opt{user}" if defined $opt{user};
+	$connstr .= " options='$opt{options}'" if defined $opt{options};
 	my $self = bless {
 		stdin => '',
 		stdout => '',
