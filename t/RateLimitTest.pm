@@ -227,14 +227,15 @@ sub wait_for_log
 # Creates and starts a node with ratelimit preloaded and created in "postgres".
 # Options: redis (a RateLimitTest::Redis) or url, max_connections, conf (lines),
 # preload (default 1; 0: the library is loaded by CREATE EXTENSION only),
-# create_extension (default 1; 0: the caller creates it).
+# create_extension (default 1; 0: the caller creates it), allows_streaming (for
+# a standby made from a backup of it).
 sub rl_node
 {
 	my ($name, %opt) = @_;
 	my $url = $opt{url} // ($opt{redis} ? $opt{redis}->url : '');
 	my $preload = $opt{preload} // 1;
 	my $node = PostgreSQL::Test::Cluster->new($name);
-	$node->init;
+	$node->init(allows_streaming => $opt{allows_streaming} // 0);
 	$node->append_conf(
 		'postgresql.conf', join("\n",
 			($preload ? "shared_preload_libraries = 'ratelimit'" : ()),
