@@ -186,3 +186,39 @@ DROP EXTENSION ratelimit;
 
 \c contrib_regression
 DROP DATABASE regress_upgrade;
+
+-- 0.3.0 -> 0.4.0: history ids that an earlier restore made repeat become unique, the
+-- restore's copy (the later one) renumbered after all others; an installation with
+-- policies keeps id 0 (its keys), one without gets an id of its own.
+CREATE DATABASE regress_upgrade_ids;
+\c regress_upgrade_ids
+CREATE EXTENSION ratelimit VERSION '0.3.0';
+SELECT name FROM rl_define('ids.a', 10, '1 hour');
+SELECT name FROM rl_define('ids.b', 10, '1 hour');
+-- What a 0.3.0 restore left: the restore's own record of ids.a, with an id already taken.
+INSERT INTO rl_policy_history (id, at, role, action, object, name, new)
+SELECT 1, at + interval '1 hour', 'restorer', 'INSERT', 'policy', 'ids.a', new
+FROM rl_policy_history WHERE id = 1;
+SELECT count(*) - count(DISTINCT id) AS repeated_ids_before FROM rl_policy_history;
+ALTER EXTENSION ratelimit UPDATE TO '0.4.0';
+SELECT count(*) - count(DISTINCT id) AS repeated_ids_after FROM rl_policy_history;
+SELECT role, id = (SELECT max(id) FROM rl_policy_history) AS renumbered_last
+FROM rl_policy_history WHERE role = 'restorer';
+SELECT last_value = 0 AS keeps_its_keys FROM rl_installation_seq;
+DO $$
+BEGIN
+    INSERT INTO rl_policy_history (id, role, action, name) VALUES (1, 'x', 'INSERT', 'x');
+    RAISE NOTICE 'a repeated id was accepted';
+EXCEPTION WHEN unique_violation THEN
+    RAISE NOTICE 'a repeated id is refused (23505)';
+END
+$$;
+\c contrib_regression
+DROP DATABASE regress_upgrade_ids;
+CREATE DATABASE regress_upgrade_empty;
+\c regress_upgrade_empty
+CREATE EXTENSION ratelimit VERSION '0.3.0';
+ALTER EXTENSION ratelimit UPDATE TO '0.4.0';
+SELECT last_value > 0 AS an_id_of_its_own FROM rl_installation_seq;
+\c contrib_regression
+DROP DATABASE regress_upgrade_empty;
