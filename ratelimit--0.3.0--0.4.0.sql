@@ -1,5 +1,8 @@
--- ratelimit 0.3.0 -> 0.4.0: an installation id in the keys, a generation for the policy
--- caches, bounds Redis can hold, history ids that stay unique across a restore.
+-- ratelimit 0.3.0 -> 0.4.0: an installation id in the keys, bounds Redis can hold,
+-- history ids that stay unique across a restore.
+-- Every operator and function outside a function with a pinned search_path is written
+-- with pg_catalog: this script runs with the extension's schema in search_path, where an
+-- untrusted role may have put look-alikes.
 \echo Use "ALTER EXTENSION ratelimit UPDATE TO '0.4.0'" to load this file. \quit
 
 -- Versions start again at 1 when the extension is dropped and created again, so every
@@ -18,45 +21,19 @@ REVOKE ALL ON SEQUENCE @extschema@.rl_installation_seq FROM PUBLIC;
 COMMENT ON SEQUENCE @extschema@.rl_installation_seq IS
     'the id of this installation of the extension, part of every Redis key; never advanced';
 
--- Each change of rl_policy or rl_override bumps this generation. A backend that missed
--- invalidations (any role can overflow the queue by creating temporary tables in a loop)
--- reloads its cached policies only when the generation moved, not on every reset.
-CREATE TABLE @extschema@.rl_policy_generation (generation bigint NOT NULL);
-INSERT INTO @extschema@.rl_policy_generation VALUES (0);
-REVOKE ALL ON @extschema@.rl_policy_generation FROM PUBLIC;
-COMMENT ON TABLE @extschema@.rl_policy_generation IS
-    'bumped by every change of rl_policy and rl_override: tells a backend its cached policies are stale';
-
-CREATE FUNCTION @extschema@.rl_policy_bump_generation() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    IF TG_RELID NOT IN ('@extschema@.rl_policy'::regclass, '@extschema@.rl_override'::regclass) THEN
-        RAISE EXCEPTION 'rl_policy_bump_generation is a trigger of rl_policy and rl_override only'
-            USING ERRCODE = 'trigger_protocol_violated';
-    END IF;
-    UPDATE @extschema@.rl_policy_generation SET generation = generation + 1;
-    RETURN NULL;
-END
-$$;
-REVOKE ALL ON FUNCTION @extschema@.rl_policy_bump_generation() FROM PUBLIC;
-
-CREATE TRIGGER rl_policy_generation
-    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON @extschema@.rl_policy
-    FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.rl_policy_bump_generation();
-CREATE TRIGGER rl_override_generation
-    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON @extschema@.rl_override
-    FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.rl_policy_bump_generation();
-
 -- What the scripts cannot hold exactly (Lua numbers are doubles): a capacity of 2^53 or
 -- more, an idle_ttl over 2^52 ms (about 142,000 years, so that now + TTL stays exact).
 -- Rows that break them already fail every decision; they are reported, not refused, so
 -- that the update itself never fails.
 ALTER TABLE @extschema@.rl_policy
-    ADD CONSTRAINT rl_policy_capacity_bound_check CHECK (capacity < 9007199254740992) NOT VALID,
+    ADD CONSTRAINT rl_policy_capacity_bound_check
+        CHECK (capacity OPERATOR(pg_catalog.<) 9007199254740992::bigint) NOT VALID,
     ADD CONSTRAINT rl_policy_idle_ttl_bound_check
-        CHECK (idle_ttl IS NULL OR @extschema@.rl_interval_ms(idle_ttl) <= 4503599627370496) NOT VALID;
+        CHECK (idle_ttl IS NULL OR @extschema@.rl_interval_ms(idle_ttl)
+               OPERATOR(pg_catalog.<=) 4503599627370496::numeric) NOT VALID;
 ALTER TABLE @extschema@.rl_override
-    ADD CONSTRAINT rl_override_capacity_bound_check CHECK (capacity < 9007199254740992) NOT VALID;
+    ADD CONSTRAINT rl_override_capacity_bound_check
+        CHECK (capacity OPERATOR(pg_catalog.<) 9007199254740992::bigint) NOT VALID;
 DO $$
 DECLARE
     item record;
@@ -65,7 +42,7 @@ BEGIN
                        ('@extschema@.rl_policy', 'rl_policy_idle_ttl_bound_check'),
                        ('@extschema@.rl_override', 'rl_override_capacity_bound_check') LOOP
         BEGIN
-            EXECUTE format('ALTER TABLE %s VALIDATE CONSTRAINT %I', item.column1, item.column2);
+            EXECUTE pg_catalog.format('ALTER TABLE %s VALIDATE CONSTRAINT %I', item.column1, item.column2);
         EXCEPTION WHEN check_violation THEN
             RAISE WARNING 'rows of % break constraint %: Redis cannot hold them, so their decisions fail until they are corrected',
                 item.column1, item.column2;
@@ -77,10 +54,14 @@ $$;
 -- History ids stay unique and increasing across a restore. pg_restore loads the policies
 -- and overrides before their history; those rows come back with their own versions
 -- (rl_inserted_version keeps them), and recording them again would give the restore's
--- own rows ids that the restored history then reuses. So an insert that keeps its
--- version while the history is still empty (a restore) is not recorded: the restored
--- history already holds it. rl_inserted_version says so to rl_policy_record through a
--- setting of the transaction; only a superuser's insert can keep its version.
+-- own rows ids that the restored history then reuses. So a row inserted with its version
+-- kept while the history is still empty (a restore) is not recorded: the restored
+-- history already holds it. rl_inserted_version notes each such row for rl_policy_record
+-- (rl_history_restored, in the backend, for the transaction); only a superuser's insert
+-- can keep its version.
+CREATE FUNCTION @extschema@.rl_history_restored(key text, mark boolean) RETURNS boolean
+AS 'MODULE_PATHNAME', 'rl_history_restored' LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
+REVOKE ALL ON FUNCTION @extschema@.rl_history_restored(text, boolean) FROM PUBLIC;
 CREATE OR REPLACE FUNCTION @extschema@.rl_inserted_version(object text, name text, subject text, item jsonb)
 RETURNS integer
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -111,7 +92,8 @@ BEGIN
         PERFORM setval('@extschema@.rl_policy_version_seq', supplied);
     END IF;
     IF NOT EXISTS (SELECT FROM @extschema@.rl_policy_history) THEN
-        PERFORM set_config('rl_history.restoring', 'on', true);
+        PERFORM @extschema@.rl_history_restored(
+            object || ':' || name || ':' || coalesce(subject, '') || ':' || supplied, true);
     END IF;
     RETURN supplied;
 END
@@ -141,13 +123,13 @@ BEGIN
         END LOOP;
         RETURN NULL;
     END IF;
-    -- A restore: the rows come back before their history, which records them already.
-    IF TG_OP = 'INSERT' AND current_setting('rl_history.restoring', true) = 'on'
-       AND NOT EXISTS (SELECT FROM @extschema@.rl_policy_history)
-       AND coalesce((SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = who), false) THEN
+    item := CASE WHEN TG_OP = 'DELETE' THEN to_jsonb(OLD) ELSE to_jsonb(NEW) END;
+    -- A row of a restore: it comes back before its history, which records it already.
+    IF TG_OP = 'INSERT' AND @extschema@.rl_history_restored(
+           object || ':' || coalesce(item ->> 'name', item ->> 'policy') || ':'
+           || coalesce(item ->> 'subject', '') || ':' || (item ->> 'version'), false) THEN
         RETURN NULL;
     END IF;
-    item := CASE WHEN TG_OP = 'DELETE' THEN to_jsonb(OLD) ELSE to_jsonb(NEW) END;
     INSERT INTO @extschema@.rl_policy_history (role, action, object, name, subject, old, new)
     VALUES (who, TG_OP, object, coalesce(item ->> 'name', item ->> 'policy'), item ->> 'subject',
             CASE WHEN TG_OP <> 'INSERT' THEN to_jsonb(OLD) END,
@@ -159,19 +141,21 @@ $$;
 -- Ids that earlier restores made repeat go to the rows recorded by the restore (the
 -- later ones), renumbered after every other id in the order they were made; then the
 -- ids are unique again, and a unique index keeps them so.
-SELECT pg_catalog.setval('@extschema@.rl_policy_history_id_seq',
-       GREATEST((SELECT max(id) FROM @extschema@.rl_policy_history),
-                           (SELECT last_value FROM @extschema@.rl_policy_history_id_seq)));
+SELECT pg_catalog.setval('@extschema@.rl_policy_history_id_seq'::pg_catalog.regclass,
+       GREATEST((SELECT pg_catalog.max(id) FROM @extschema@.rl_policy_history),
+                (SELECT last_value FROM @extschema@.rl_policy_history_id_seq)));
 DO $$
 DECLARE
     item record;
 BEGIN
     FOR item IN SELECT h.ctid AS tid FROM @extschema@.rl_policy_history h
                 WHERE EXISTS (SELECT FROM @extschema@.rl_policy_history o
-                              WHERE o.id = h.id AND (o.at, o.ctid) < (h.at, h.ctid))
+                              WHERE o.id OPERATOR(pg_catalog.=) h.id
+                                AND (o.at, o.ctid) OPERATOR(pg_catalog.<) (h.at, h.ctid))
                 ORDER BY h.at, h.id LOOP
         UPDATE @extschema@.rl_policy_history
-        SET id = nextval('@extschema@.rl_policy_history_id_seq') WHERE ctid = item.tid;
+        SET id = pg_catalog.nextval('@extschema@.rl_policy_history_id_seq'::pg_catalog.regclass)
+        WHERE ctid OPERATOR(pg_catalog.=) item.tid;
     END LOOP;
 END
 $$;

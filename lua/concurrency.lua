@@ -63,6 +63,8 @@ local expired = string.format('%d', now)
 local held = call('ZCOUNT', key, live, '+inf')
 local allowed = 0
 if mode == 'release' then
+  may_write('ZREM', key, id)
+  may_write('ZREMRANGEBYSCORE', key, '-inf', expired)
   local score = call('ZSCORE', key, id)
   if score and tonumber(score) > now then
     allowed = 1

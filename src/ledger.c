@@ -23,10 +23,8 @@
 
 #include "access/xact.h"
 #include "miscadmin.h"
-#include "nodes/parsenodes.h"
 #include "nodes/pg_list.h"
 #include "storage/ipc.h"
-#include "tcop/utility.h"
 #include "utils/memutils.h"
 
 #include "breaker.h"
@@ -49,6 +47,7 @@ typedef enum LedgerFate
 typedef enum LedgerMoment
 {
 	LEDGER_SUBXACT_ABORT,
+	LEDGER_PRE_COMMIT,
 	LEDGER_COMMIT,
 	LEDGER_ABORT,
 	LEDGER_DISCARD_ALL,
@@ -80,7 +79,6 @@ typedef struct LedgerBatch
 static List *entries = NIL;
 static MemoryContext ledger_context = NULL;
 static bool exit_callback_registered = false;
-static ProcessUtility_hook_type previous_process_utility = NULL;
 
 static void ledger_exit_callback(int code, Datum arg);
 
@@ -263,87 +261,61 @@ ledger_send(void *arg, RedisFailure *failure)
 }
 
 /*
- * Gives back the entries of due: locally where they can be, else all in one
- * pipeline within one command_timeout (at exit, the server's, if shorter: a
- * session's own must not hold up a shutdown). Logs what was not given back.
- * Raises nothing: this runs where an error cannot be raised.
+ * Gives back the entries of due (all removed from the ledger already):
+ * locally where they can be, else all in one pipeline within one
+ * command_timeout (at exit, the server's, if shorter: a session's own must not
+ * hold up a shutdown). Logs what was not given back. Runs in a short-lived
+ * context the caller deletes.
  */
 static void
 ledger_settle(List *due, bool exiting)
 {
-	MemoryContext caller_context = CurrentMemoryContext;
-	MemoryContext context;
+	int			count = list_length(due);
+	RedisCall  *calls = palloc0(count * sizeof(RedisCall));
+	LedgerEntry **asked = palloc(count * sizeof(LedgerEntry *));
+	const char *url = rl_redis_url ? rl_redis_url : "";
+	LedgerLoss *found = NULL;
+	ListCell   *cell;
+	int			n = 0;
 
-	if (due == NIL)
-		return;
-	context = AllocSetContextCreate(TopMemoryContext, "ratelimit settlement",
-									ALLOCSET_DEFAULT_SIZES);
-	MemoryContextSwitchTo(context);
-	HOLD_INTERRUPTS();
-	PG_TRY();
+	foreach(cell, due)
 	{
-		int			count = list_length(due);
-		RedisCall  *calls = palloc0(count * sizeof(RedisCall));
-		LedgerEntry **asked = palloc(count * sizeof(LedgerEntry *));
-		const char *url = rl_redis_url ? rl_redis_url : "";
-		LedgerLoss *found = NULL;
-		ListCell   *cell;
-		int			n = 0;
+		LedgerEntry *entry = lfirst(cell);
 
-		foreach(cell, due)
+		if (entry->ops->settle_locally(entry))
+			continue;
+		if (strcmp(entry->redis_url, url) != 0)
 		{
-			LedgerEntry *entry = lfirst(cell);
-
-			if (entry->ops->settle_locally(entry))
-				continue;
-			if (strcmp(entry->redis_url, url) != 0)
-			{
-				loss_add(&found, entry, "ratelimit.redis_url changed since", false);
-				continue;
-			}
-			entry->ops->prepare_call(entry, &calls[n]);
-			asked[n++] = entry;
+			loss_add(&found, entry, "ratelimit.redis_url changed since", false);
+			continue;
 		}
-		if (n > 0)
-		{
-			int			timeout_ms = exiting ?
-				Min(rl_command_timeout_ms, breaker_server_command_timeout_ms()) : rl_command_timeout_ms;
-			LedgerBatch batch = {
-				.calls = calls,
-				.ncalls = n,
-				.deadline = rl_monotonic_us() + (int64) timeout_ms * 1000,
-			};
-			RedisFailure failure;
-
-			(void) breaker_call(ledger_send, &batch, &failure);
-			for (int i = 0; i < n; i++)
-			{
-				const RedisFailure *why = calls[i].answered ? &calls[i].failure :
-					calls[i].failure.kind != REDIS_FAILURE_NONE ? &calls[i].failure : &failure;
-
-				stats_redis(asked[i]->ops->policy_name(asked[i]), calls[i].answered, why);
-				if (!calls[i].answered)
-					loss_add(&found, asked[i], loss_reason(why), why->maybe_ran &&
-							 why->kind != REDIS_FAILURE_REPLY && why->kind != REDIS_FAILURE_PERMISSION);
-			}
-		}
-		losses_log(found);
+		entry->ops->prepare_call(entry, &calls[n]);
+		asked[n++] = entry;
 	}
-	PG_CATCH();
+	if (n > 0)
 	{
-		/* An error raised here (out of memory, say): nothing more is tried. */
-		MemoryContextSwitchTo(context);
-		FlushErrorState();
-		ereport(LOG,
-				(errhidestmt(true),
-				 errhidecontext(true),
-				 errmsg("ratelimit: %d reservations or leases may not have been given back: an error interrupted it",
-						list_length(due))));
+		int			timeout_ms = exiting ?
+			Min(rl_command_timeout_ms, breaker_server_command_timeout_ms()) : rl_command_timeout_ms;
+		LedgerBatch batch = {
+			.calls = calls,
+			.ncalls = n,
+			.deadline = rl_monotonic_us() + (int64) timeout_ms * 1000,
+		};
+		RedisFailure failure;
+
+		(void) breaker_call(ledger_send, &batch, &failure);
+		for (int i = 0; i < n; i++)
+		{
+			const RedisFailure *why = calls[i].answered ? &calls[i].failure :
+				calls[i].failure.kind != REDIS_FAILURE_NONE ? &calls[i].failure : &failure;
+
+			stats_redis(asked[i]->ops->policy_name(asked[i]), calls[i].answered, why);
+			if (!calls[i].answered)
+				loss_add(&found, asked[i], loss_reason(why), why->maybe_ran &&
+						 why->kind != REDIS_FAILURE_REPLY && why->kind != REDIS_FAILURE_PERMISSION);
+		}
 	}
-	PG_END_TRY();
-	RESUME_INTERRUPTS();
-	MemoryContextSwitchTo(caller_context);
-	MemoryContextDelete(context);
+	losses_log(found);
 }
 
 /* What becomes of entry at moment (from: the subtransaction that rolls back). */
@@ -354,9 +326,10 @@ ledger_fate(const LedgerEntry *entry, LedgerMoment moment, SubTransactionId from
 	{
 		case LEDGER_SUBXACT_ABORT:
 			return !entry->session && entry->subxact >= from ? LEDGER_SETTLE : LEDGER_KEEP;
+		case LEDGER_PRE_COMMIT:
+			return !entry->session && entry->ends_with_commit ? LEDGER_SETTLE : LEDGER_KEEP;
 		case LEDGER_COMMIT:
-			return entry->session ? LEDGER_KEEP :
-				entry->ends_with_commit ? LEDGER_SETTLE : LEDGER_FORGET;
+			return entry->session ? LEDGER_KEEP : LEDGER_FORGET;
 		case LEDGER_ABORT:
 			return entry->session ? LEDGER_KEEP : LEDGER_SETTLE;
 		case LEDGER_DISCARD_ALL:
@@ -367,46 +340,79 @@ ledger_fate(const LedgerEntry *entry, LedgerMoment moment, SubTransactionId from
 	return LEDGER_SETTLE;
 }
 
-/* Settles or forgets the entries that end at moment; keeps the others. */
+/*
+ * Settles or forgets the entries that end at moment; keeps the others. Raises
+ * nothing: this runs inside commit and abort processing. Forgetting allocates
+ * nothing, so that what commit does after the commit record cannot fail;
+ * anything that can fail (an out-of-memory, a wait event set that cannot be
+ * made) is caught, logged, and ends the settling, with interrupts held and the
+ * hold-off counts as they were.
+ */
 static void
 ledger_close(LedgerMoment moment, SubTransactionId from)
 {
-	List	   *kept = NIL;
-	List	   *due = NIL;
-	List	   *done = NIL;
-	ListCell   *cell;
-	MemoryContext old_context;
+	MemoryContext caller_context = CurrentMemoryContext;
+	MemoryContext volatile context = NULL;
+	List	   *volatile due = NIL;
+	uint32		interrupt_holdoff;
+	uint32		cancel_holdoff;
 
 	if (entries == NIL)
 		return;
-	old_context = MemoryContextSwitchTo(ledger_context);
-	foreach(cell, entries)
+	HOLD_INTERRUPTS();
+	/* An error resets these (errfinish): they are put back as they were. */
+	interrupt_holdoff = InterruptHoldoffCount;
+	cancel_holdoff = QueryCancelHoldoffCount;
+	PG_TRY();
 	{
-		LedgerEntry *entry = lfirst(cell);
+		ListCell   *cell;
 
-		switch (ledger_fate(entry, moment, from))
+		foreach(cell, entries)
 		{
-			case LEDGER_KEEP:
-				kept = lappend(kept, entry);
-				break;
-			case LEDGER_SETTLE:
+			LedgerEntry *entry = lfirst(cell);
+			LedgerFate	fate = ledger_fate(entry, moment, from);
+
+			if (fate == LEDGER_KEEP)
+				continue;
+			entries = foreach_delete_current(entries, cell);
+			if (fate == LEDGER_FORGET)
+				ledger_free(entry);
+			else
+			{
+				if (context == NULL)
+					context = AllocSetContextCreate(TopMemoryContext, "ratelimit settlement",
+													ALLOCSET_DEFAULT_SIZES);
+				MemoryContextSwitchTo(context);
 				due = lappend(due, entry);
-				done = lappend(done, entry);
-				break;
-			case LEDGER_FORGET:
-				done = lappend(done, entry);
-				break;
+				MemoryContextSwitchTo(caller_context);
+			}
+		}
+		if (due != NIL)
+		{
+			MemoryContextSwitchTo(context);
+			ledger_settle(due, moment == LEDGER_EXIT);
+			MemoryContextSwitchTo(caller_context);
+			foreach(cell, due)
+				ledger_free(lfirst(cell));
 		}
 	}
-	list_free(entries);
-	entries = kept;
-	MemoryContextSwitchTo(old_context);
-
-	ledger_settle(due, moment == LEDGER_EXIT);
-	foreach(cell, done)
-		ledger_free(lfirst(cell));
-	list_free(due);
-	list_free(done);
+	PG_CATCH();
+	{
+		MemoryContextSwitchTo(caller_context);
+		InterruptHoldoffCount = interrupt_holdoff;
+		QueryCancelHoldoffCount = cancel_holdoff;
+		FlushErrorState();
+		/* Entries taken off the ledger and not given back are lost (their memory goes with the reset below). */
+		ereport(LOG,
+				(errhidestmt(true),
+				 errhidecontext(true),
+				 errmsg("ratelimit: %d reservations or leases may not have been given back: an error interrupted it",
+						list_length(due))));
+	}
+	PG_END_TRY();
+	if (context != NULL)
+		MemoryContextDelete(context);
+	RESUME_INTERRUPTS();
 	if (entries == NIL)
 		MemoryContextReset(ledger_context);
 }
@@ -433,6 +439,11 @@ ledger_xact_callback(XactEvent event, void *arg)
 							 errdetail_internal("%s", entry->ops->prepare_detail) : 0,
 							 errhint("%s", entry->ops->prepare_hint)));
 			}
+			break;
+		case XACT_EVENT_PRE_COMMIT:
+		case XACT_EVENT_PARALLEL_PRE_COMMIT:
+			/* Leases go back before the commit, where an error could still abort it. */
+			ledger_close(LEDGER_PRE_COMMIT, InvalidSubTransactionId);
 			break;
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_PARALLEL_COMMIT:
@@ -479,26 +490,16 @@ ledger_exit_callback(int code, Datum arg)
 /*
  * DISCARD ALL, which a pooler runs before handing the server connection to
  * another client, gives back the session's entries, as it releases session
- * advisory locks.
+ * advisory locks. Called before it runs: it resets every setting, and a
+ * session's own ratelimit.redis_url is where its leases are.
  */
-static void
-ledger_process_utility(PlannedStmt *statement, const char *query_string, bool read_only_tree,
-					   ProcessUtilityContext context, ParamListInfo params,
-					   QueryEnvironment *query_env, DestReceiver *dest, QueryCompletion *completion)
+void
+ledger_discard_all(void)
 {
-	Node	   *tree = statement->utilityStmt;
-
-	if (previous_process_utility)
-		previous_process_utility(statement, query_string, read_only_tree, context, params,
-								 query_env, dest, completion);
-	else
-		standard_ProcessUtility(statement, query_string, read_only_tree, context, params,
-								query_env, dest, completion);
-	if (IsA(tree, DiscardStmt) && ((DiscardStmt *) tree)->target == DISCARD_ALL)
-		ledger_close(LEDGER_DISCARD_ALL, InvalidSubTransactionId);
+	ledger_close(LEDGER_DISCARD_ALL, InvalidSubTransactionId);
 }
 
-/* Registers the callbacks and the DISCARD ALL hook; called once per process from _PG_init. */
+/* Registers the transaction callbacks; called once per process from _PG_init. */
 void
 ledger_init(void)
 {
@@ -506,6 +507,4 @@ ledger_init(void)
 										   ALLOCSET_SMALL_SIZES);
 	RegisterXactCallback(ledger_xact_callback, NULL);
 	RegisterSubXactCallback(ledger_subxact_callback, NULL);
-	previous_process_utility = ProcessUtility_hook;
-	ProcessUtility_hook = ledger_process_utility;
 }

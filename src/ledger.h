@@ -46,5 +46,6 @@ extern LedgerEntry *ledger_last(void);
 extern LedgerEntry *ledger_find_last(bool (*match) (const LedgerEntry *entry, void *arg),
 									 void *arg);
 extern void ledger_forget(LedgerEntry *entry);
+extern void ledger_discard_all(void);
 
 #endif							/* RL_LEDGER_H */

@@ -12,6 +12,10 @@
 #include "ratelimit.h"
 
 #include "access/heapam.h"
+#include "access/xact.h"
+#include "access/xlog.h"
+#include "port/atomics.h"
+#include "storage/shmem.h"
 #include "access/htup_details.h"
 #include "access/table.h"
 #include "access/tableam.h"
@@ -68,10 +72,23 @@ typedef struct OverrideVersion
 } OverrideVersion;
 
 static HTAB *policy_cache = NULL;
-/* The generation of the tables the cache was loaded at, and where to read the current one. */
-static int64 loaded_generation = -1;
-static Oid	generation_relid = InvalidOid;
 static Oid	installation_relid = InvalidOid;
+
+/*
+ * With shared memory: the generation of rl_policy and rl_override (of every
+ * database), bumped by each commit that changed them once it is visible. The
+ * cache remembers the generation it was loaded at.
+ */
+static pg_atomic_uint64 *shared_generation = NULL;
+static uint64 loaded_generation = 0;
+static bool generation_known = false;
+/* This transaction changed rl_policy or rl_override: its commit bumps the generation. */
+static bool policies_changed = false;
+/*
+ * The rows a restore inserted with their own versions while the history was
+ * still empty, in this transaction (rl_history_restored); NULL when none.
+ */
+static HTAB *restored_rows = NULL;
 /* A cache reset (not an invalidation of our tables) arrived: the generation says if it matters. */
 static bool policy_cache_reset = false;
 static HTAB *override_cache = NULL;	/* NULL while the extension has no rl_override */
@@ -99,24 +116,18 @@ policy_invalidate_callback(Datum arg, Oid relid)
 }
 
 /*
- * The first column (a bigint) of the one row of relid, read with snapshot:
- * the generation of rl_policy_generation, the last_value of a sequence. -1
- * when the relation cannot be read without waiting.
+ * The first column (a bigint) of the one row of relid (locked by the caller),
+ * read with snapshot: the last_value of a sequence. -1 when there is none.
  */
 static int64
 read_single_bigint(Oid relid, Snapshot snapshot)
 {
-	Relation	rel;
-	TableScanDesc scan;
-	HeapTuple	tuple;
+	Relation	rel = table_open(relid, NoLock);
+	TableScanDesc scan = table_beginscan(rel, snapshot, 0, NULL);
+	HeapTuple	tuple = heap_getnext(scan, ForwardScanDirection);
 	int64		value = -1;
 	bool		isnull;
 
-	if (!ConditionalLockRelationOid(relid, AccessShareLock))
-		return -1;
-	rel = table_open(relid, NoLock);
-	scan = table_beginscan(rel, snapshot, 0, NULL);
-	tuple = heap_getnext(scan, ForwardScanDirection);
 	if (tuple != NULL)
 	{
 		Datum		datum = heap_getattr(tuple, 1, RelationGetDescr(rel), &isnull);
@@ -126,23 +137,77 @@ read_single_bigint(Oid relid, Snapshot snapshot)
 	}
 	table_endscan(scan);
 	table_close(rel, NoLock);
-	UnlockRelationOid(relid, AccessShareLock);
 	return value;
 }
 
 /*
- * After a cache reset: true when the tables have not changed since the cache
- * was loaded (their generation is the same), so the cache still holds.
+ * After a cache reset: true when rl_policy and rl_override have not changed
+ * since the cache was loaded (the generation is the same), so the cache
+ * still holds. Without shared memory, and on a standby (whose changes come
+ * by replay, where no trigger runs), it cannot tell: the cache is reloaded.
  */
 static bool
 policy_generation_unchanged(void)
 {
-	int64		generation;
-
-	if (!OidIsValid(generation_relid) || loaded_generation < 0)
+	if (shared_generation == NULL || !generation_known || RecoveryInProgress())
 		return false;
-	generation = read_single_bigint(generation_relid, GetLatestSnapshot());
-	return generation >= 0 && generation == loaded_generation;
+	return pg_atomic_read_u64(shared_generation) == loaded_generation;
+}
+
+/* Shared memory the generation needs when preloaded. */
+Size
+policy_shmem_size(void)
+{
+	return MAXALIGN(sizeof(pg_atomic_uint64));
+}
+
+/* Attaches to (or creates) the generation; called with AddinShmemInitLock held. */
+void
+policy_shmem_init(void)
+{
+	bool		found;
+
+	shared_generation = ShmemInitStruct("ratelimit policy generation",
+										sizeof(pg_atomic_uint64), &found);
+	if (!found)
+		pg_atomic_init_u64(shared_generation, 0);
+}
+
+/*
+ * A transaction that changed rl_policy or rl_override bumps the generation
+ * when it commits: after its changes are visible (so that a cache loaded
+ * before the bump reloads at the next reset) and before its invalidations
+ * are sent. A prepared one bumps it at COMMIT PREPARED (policy_prepared_committed).
+ */
+static void
+policy_xact_callback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+			if (policies_changed && shared_generation != NULL)
+				pg_atomic_fetch_add_u64(shared_generation, 1);
+			policies_changed = false;
+			restored_rows = NULL;	/* it lived in the transaction's memory */
+			break;
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+		case XACT_EVENT_PREPARE:
+			policies_changed = false;
+			restored_rows = NULL;
+			break;
+		default:
+			break;
+	}
+}
+
+/* COMMIT PREPARED ran: it may have committed a change of the policies. */
+void
+policy_prepared_committed(void)
+{
+	if (shared_generation != NULL)
+		pg_atomic_fetch_add_u64(shared_generation, 1);
 }
 
 /* Registers the invalidation callback; called once per backend from _PG_init. */
@@ -150,6 +215,7 @@ void
 policy_cache_init(void)
 {
 	CacheRegisterRelcacheCallback(policy_invalidate_callback, (Datum) 0);
+	RegisterXactCallback(policy_xact_callback, NULL);
 }
 
 /* Milliseconds in an interval the table's constraints accepted (no months, whole ms). */
@@ -429,8 +495,19 @@ policy_cache_load(void)
 		UnlockRelationOid(policy_relid, AccessShareLock);
 		return;
 	}
+	/* Without the installation id every key would be another installation's. */
+	if (OidIsValid(installation_relid) && !policy_cache_lock(installation_relid))
+	{
+		if (OidIsValid(override_relid))
+			UnlockRelationOid(override_relid, AccessShareLock);
+		UnlockRelationOid(policy_relid, AccessShareLock);
+		return;
+	}
 	/* Set first: an invalidation that arrives during the load marks it stale again. */
 	policy_cache_valid = true;
+	/* Read before the snapshot: a change that commits after this can only make the cache reload again. */
+	generation_known = shared_generation != NULL;
+	loaded_generation = generation_known ? pg_atomic_read_u64(shared_generation) : 0;
 
 	/* Under the transaction's context until complete, so that an error frees it. */
 	context = AllocSetContextCreate(CurrentMemoryContext, "ratelimit policies",
@@ -444,11 +521,14 @@ policy_cache_load(void)
 	snapshot = RegisterSnapshot(GetLatestSnapshot());
 	PG_TRY();
 	{
-		/* The generation first: a change committed after it is read can only make the cache reload again. */
-		loaded_generation = OidIsValid(generation_relid) ?
-			read_single_bigint(generation_relid, snapshot) : -1;
 		installation = OidIsValid(installation_relid) ?
-			Max(read_single_bigint(installation_relid, snapshot), 0) : 0;
+			read_single_bigint(installation_relid, snapshot) : 0;
+		if (installation < 0)
+			ereport(ERROR,
+					(errhidestmt(true),
+					 errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("the installation id of extension ratelimit cannot be read"),
+					 errhint("Restore rl_installation_seq from a dump, or create the extension again.")));
 		load_policies(policies, policy_relid, snapshot, (uint64) installation);
 		if (OidIsValid(override_relid))
 		{
@@ -470,6 +550,8 @@ policy_cache_load(void)
 	}
 	PG_END_TRY();
 	UnregisterSnapshot(snapshot);
+	if (OidIsValid(installation_relid))
+		UnlockRelationOid(installation_relid, AccessShareLock);
 	if (OidIsValid(override_relid))
 		UnlockRelationOid(override_relid, AccessShareLock);
 	UnlockRelationOid(policy_relid, AccessShareLock);
@@ -510,7 +592,6 @@ policy_lookup(Oid function_oid, const char *name)
 					 errmsg("table rl_policy of extension ratelimit does not exist")));
 		/* Version 0.1.0 of the extension has no overrides, versions before 0.4.0 none of these. */
 		override_relid = get_relname_relid("rl_override", namespace);
-		generation_relid = get_relname_relid("rl_policy_generation", namespace);
 		installation_relid = get_relname_relid("rl_installation_seq", namespace);
 		policy_cache_reset = false;
 		policy_cache_load();
@@ -604,6 +685,47 @@ apply_limits(Policy *policy, const Override *override)
 	policy_local_bucket(policy, capacity, override->refill_amount, override->period_ms);
 }
 
+/* One row key of restored_rows: "object:name:subject:version". */
+typedef struct RestoredRow
+{
+	char		key[NAMEDATALEN * 2 + RL_SUBJECT_MAX_BYTES + 32];
+} RestoredRow;
+
+PG_FUNCTION_INFO_V1(rl_history_restored);
+
+/*
+ * rl_history_restored(key, mark): for the history triggers. With mark, notes
+ * that a row with key was inserted by a restore (rl_inserted_version kept its
+ * version while the history was empty) and returns true; without, returns
+ * whether that row was noted, and forgets it. A row of the restore is then
+ * not recorded again: the restored history holds it. Noted rows live until
+ * the transaction ends.
+ */
+Datum
+rl_history_restored(PG_FUNCTION_ARGS)
+{
+	text	   *key = PG_GETARG_TEXT_PP(0);
+	bool		mark = PG_GETARG_BOOL(1);
+	RestoredRow probe = {{0}};
+	bool		found;
+
+	text_to_cstring_buffer(key, probe.key, sizeof(probe.key));
+	if (restored_rows == NULL)
+	{
+		HASHCTL		hashctl = {0};
+
+		if (!mark)
+			PG_RETURN_BOOL(false);
+		hashctl.keysize = sizeof(probe.key);
+		hashctl.entrysize = sizeof(RestoredRow);
+		hashctl.hcxt = TopTransactionContext;
+		restored_rows = hash_create("ratelimit restored rows", 64, &hashctl,
+									HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+	}
+	(void) hash_search(restored_rows, probe.key, mark ? HASH_ENTER : HASH_REMOVE, &found);
+	PG_RETURN_BOOL(mark || found);
+}
+
 PG_FUNCTION_INFO_V1(rl_policy_invalidate);
 
 /* Statement trigger on rl_policy: every backend drops its cache once this commits. */
@@ -617,5 +739,6 @@ rl_policy_invalidate(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
 				 errmsg("rl_policy_invalidate must be called as a trigger")));
 	CacheInvalidateRelcacheByRelid(RelationGetRelid(trigdata->tg_relation));
+	policies_changed = true;
 	PG_RETURN_POINTER(NULL);
 }

@@ -59,6 +59,9 @@ typedef struct Policy
 } Policy;
 
 extern void policy_cache_init(void);
+extern Size policy_shmem_size(void);
+extern void policy_shmem_init(void);
+extern void policy_prepared_committed(void);
 extern const Policy *policy_lookup(Oid function_oid, const char *name);
 extern const char *policy_fail_mode_name(FailMode mode);
 extern bool policy_limits(Oid function_oid, const char *name, int32 version, Policy *out);

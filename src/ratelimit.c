@@ -5,12 +5,14 @@
 #include "ratelimit.h"
 
 #include "access/htup_details.h"
+#include "access/xact.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
+#include "tcop/utility.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/timestamp.h"
@@ -119,6 +121,34 @@ assign_command_timeout(int newval, void *extra)
 	breaker_timeout_changed(false, newval);
 }
 
+static ProcessUtility_hook_type previous_process_utility = NULL;
+
+/*
+ * DISCARD ALL (outside a transaction block, where it fails) gives back the
+ * session's leases first; COMMIT PREPARED may have committed a change of the
+ * policies, which bumps their generation.
+ */
+static void
+ratelimit_process_utility(PlannedStmt *statement, const char *query_string, bool read_only_tree,
+						  ProcessUtilityContext context, ParamListInfo params,
+						  QueryEnvironment *query_env, DestReceiver *dest, QueryCompletion *completion)
+{
+	Node	   *tree = statement->utilityStmt;
+
+	if (IsA(tree, DiscardStmt) && ((DiscardStmt *) tree)->target == DISCARD_ALL &&
+		!IsTransactionBlock())
+		ledger_discard_all();
+	if (previous_process_utility)
+		previous_process_utility(statement, query_string, read_only_tree, context, params,
+								 query_env, dest, completion);
+	else
+		standard_ProcessUtility(statement, query_string, read_only_tree, context, params,
+								query_env, dest, completion);
+	if (IsA(tree, TransactionStmt) &&
+		((TransactionStmt *) tree)->kind == TRANS_STMT_COMMIT_PREPARED)
+		policy_prepared_committed();
+}
+
 static shmem_request_hook_type previous_shmem_request_hook = NULL;
 static shmem_startup_hook_type previous_shmem_startup_hook = NULL;
 
@@ -128,8 +158,8 @@ ratelimit_shmem_request(void)
 {
 	if (previous_shmem_request_hook)
 		previous_shmem_request_hook();
-	RequestAddinShmemSpace(add_size(add_size(breaker_shmem_size(), local_shmem_size()),
-									stats_shmem_size()));
+	RequestAddinShmemSpace(add_size(add_size(add_size(breaker_shmem_size(), local_shmem_size()),
+											 stats_shmem_size()), policy_shmem_size()));
 	local_shmem_request();
 	stats_shmem_request();
 }
@@ -144,6 +174,7 @@ ratelimit_shmem_startup(void)
 	breaker_shmem_init();
 	local_shmem_init();
 	stats_shmem_init();
+	policy_shmem_init();
 	LWLockRelease(AddinShmemInitLock);
 }
 
@@ -248,6 +279,8 @@ _PG_init(void)
 	redis_init();
 	policy_cache_init();
 	ledger_init();
+	previous_process_utility = ProcessUtility_hook;
+	ProcessUtility_hook = ratelimit_process_utility;
 
 	/* Shared memory, and the setting that sizes it, exist only when preloaded. */
 	if (process_shared_preload_libraries_in_progress)

@@ -249,7 +249,14 @@ redis_wait(uint32 events, int64 deadline)
 		int64		now = rl_monotonic_us();
 		long		remaining_ms;
 
-		if (now >= deadline)
+		/*
+		 * Where interrupts are held (giving back at the end of a transaction),
+		 * a terminate cannot be served here: stop waiting, so that it is
+		 * served as soon as they are resumed. (At exit it is being served:
+		 * what is given back then has its deadline.)
+		 */
+		if (now >= deadline ||
+			(ProcDiePending && InterruptHoldoffCount > 0 && !proc_exit_inprogress))
 			return 0;
 		remaining_ms = (long) ((deadline - now + 999) / 1000);
 		if (WaitEventSetWait(connection.wait_set, remaining_ms, &event, 1,
@@ -259,14 +266,6 @@ redis_wait(uint32 events, int64 deadline)
 		{
 			ResetLatch(MyLatch);
 			redis_check_for_interrupts();
-			/*
-			 * Where interrupts are held (giving back at the end of a transaction),
-			 * a terminate cannot be served here: stop waiting, so that it is
-			 * served as soon as they are resumed. (At exit it is being served:
-			 * what is given back then has its deadline.)
-			 */
-			if (ProcDiePending && InterruptHoldoffCount > 0 && !proc_exit_inprogress)
-				return 0;
 			continue;
 		}
 		if (event.events & events)
@@ -311,6 +310,7 @@ redis_receive(RedisFailure *failure)
 		memmove(input->data, input->data + connection.input_start,
 				input->len - connection.input_start);
 		input->len -= connection.input_start;
+		input->data[input->len] = '\0';
 		connection.input_start = 0;
 	}
 	enlargeStringInfo(input, REDIS_READ_CHUNK);
@@ -831,6 +831,9 @@ redis_send_calls(Pipeline *pipeline, int ncalls, bool by_sha, int64 deadline,
 		if (!by_sha && !(call->failure.kind == REDIS_FAILURE_REPLY &&
 						 strcmp(call->failure.detail, "NOSCRIPT") == 0))
 			continue;
+		/* Sent again: until it answers, it is a request that went out. */
+		memset(&call->failure, 0, sizeof(call->failure));
+		call->failure.maybe_ran = true;
 		redis_append_call(call, by_sha);
 		pipeline->sent[count++] = i;
 	}

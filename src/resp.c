@@ -93,8 +93,12 @@ resp_scan(RespScanner *scanner, const char *data, size_t length, size_t *reply_l
 		cr = memchr(line, '\r', end - line);
 		if (cr == NULL || cr + 1 >= end)
 			return end - data > RESP_MAX_REPLY_BYTES ? RESP_TOO_LARGE : RESP_INCOMPLETE;
-		/* A header line is text: a NUL in it is not RESP (and would end it for strchr). */
-		if (cr[1] != '\n' || memchr(line, '\0', cr - line) != NULL)
+		/*
+		 * A header line is text ending at its first CR, which a LF follows: a
+		 * NUL or LF in it is not RESP. The readers below rely on that.
+		 */
+		if (cr[1] != '\n' || memchr(line, '\0', cr - line) != NULL ||
+			memchr(line, '\n', cr - line) != NULL)
 			return RESP_MALFORMED;
 		next = cr + 2;
 		switch (type)
@@ -150,7 +154,10 @@ resp_scan(RespScanner *scanner, const char *data, size_t length, size_t *reply_l
 	}
 }
 
-/* Reads the value that starts at data, inside a reply resp_scan accepted. */
+/*
+ * Reads the value that starts at data, inside a reply resp_scan accepted: its
+ * header line has no NUL, and ends at its first CR.
+ */
 void
 resp_read(const char *data, RespValue *value)
 {
@@ -196,14 +203,14 @@ resp_skip(const char *data)
 	switch (value.type)
 	{
 		case RESP_BULK:
-			return value.null ? strchr(data, '\n') + 1 : value.str + value.length + 2;
+			return value.null ? strchr(data, '\r') + 2 : value.str + value.length + 2;
 		case RESP_ARRAY:
 			p = value.elements;
 			for (int i = 0; i < value.length; i++)
 				p = resp_skip(p);
 			return p;
 		default:
-			return strchr(data, '\n') + 1;
+			return strchr(data, '\r') + 2;
 	}
 }
 

@@ -20,6 +20,7 @@
  */
 #include "ratelimit.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -79,13 +80,19 @@ secret_source_allowed(const char *name, GucSource source)
 		case PGC_S_DATABASE_USER:
 			why = "Settings of roles, databases and functions are kept in catalogs that every role can read.";
 			break;
-		case PGC_S_ENV_VAR:
-		case PGC_S_FILE:
-		case PGC_S_ARGV:
-			if (!library_preloaded)
-				why = "ratelimit is not in shared_preload_libraries, so every role can read this setting with current_setting() in a session that has not loaded the library yet.";
+		case PGC_S_DEFAULT:
+		case PGC_S_DYNAMIC_DEFAULT:
+		case PGC_S_OVERRIDE:
 			break;
 		default:
+			/*
+			 * Without preload a value can reach a setting while the library is
+			 * not loaded, unchecked: in postgresql.conf it is a placeholder
+			 * every role reads, and a function's SET clause made then lands
+			 * in pg_proc. So only files hold secrets then.
+			 */
+			if (!library_preloaded)
+				why = "ratelimit is not in shared_preload_libraries: a value set while a session has not loaded the library is a placeholder that every role can read, or a catalog entry nothing checked.";
 			break;
 	}
 	if (why == NULL)
@@ -137,7 +144,7 @@ secret_url_problem(void)
 
 /*
  * Reads the secret in the file at path into file, unless it was read already
- * and the file has not changed. NULL, or a short problem (never the secret),
+ * and the file has not changed (one open and fstat per use). NULL, or a short problem (never the secret),
  * naming the setting: the file must be a regular file of the server's user,
  * readable by nobody else, and not empty.
  */
@@ -149,27 +156,32 @@ secret_file_read(SecretFile *file, const char *path, const char *setting)
 	int			fd;
 	ssize_t		length;
 
-	if (stat(path, &seen) != 0)
+	/*
+	 * Opened first and checked by its descriptor, so that what is checked is
+	 * what is read: no symbolic link, no FIFO that would block.
+	 */
+	fd = OpenTransientFile(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | PG_BINARY);
+	if (fd < 0 || fstat(fd, &seen) != 0)
 	{
+		if (fd >= 0)
+			CloseTransientFile(fd);
 		snprintf(problem, sizeof(problem), "cannot read %s", setting);
 		return problem;
 	}
 	if (file->loaded && strcmp(file->path, path) == 0 && seen.st_ino == file->seen.st_ino &&
 		seen.st_dev == file->seen.st_dev && seen.st_mtime == file->seen.st_mtime &&
 		seen.st_size == file->seen.st_size && seen.st_mode == file->seen.st_mode)
+	{
+		CloseTransientFile(fd);
 		return NULL;
+	}
 	file->loaded = false;
 	explicit_bzero(file->value, sizeof(file->value));
 	if (!S_ISREG(seen.st_mode) || seen.st_uid != geteuid() ||
 		(seen.st_mode & (S_IRWXG | S_IRWXO)) != 0)
 	{
+		CloseTransientFile(fd);
 		snprintf(problem, sizeof(problem), "%s: others may read it", setting);
-		return problem;
-	}
-	fd = OpenTransientFile(path, O_RDONLY | PG_BINARY);
-	if (fd < 0)
-	{
-		snprintf(problem, sizeof(problem), "cannot read %s", setting);
 		return problem;
 	}
 	length = read(fd, file->value, SECRET_MAX_BYTES + 1);
@@ -289,10 +301,10 @@ secret_define_settings(bool preloaded)
 	DefineCustomStringVariable("ratelimit.subject_secret_file",
 							   "File holding the subject secret; readable by the server's user alone.",
 							   "Used instead of ratelimit.subject_secret, which must then be empty.",
-							   &subject_secret_file, "", PGC_SUSET, GUC_NOT_IN_SAMPLE,
+							   &subject_secret_file, "", PGC_SIGHUP, GUC_NOT_IN_SAMPLE,
 							   NULL, NULL, NULL);
 	DefineCustomStringVariable("ratelimit.redis_password_file",
 							   "File holding the Redis password, for a ratelimit.redis_url without one; readable by the server's user alone.",
-							   NULL, &redis_password_file, "", PGC_SUSET, GUC_NOT_IN_SAMPLE,
+							   NULL, &redis_password_file, "", PGC_SIGHUP, GUC_NOT_IN_SAMPLE,
 							   NULL, NULL, NULL);
 }

@@ -160,6 +160,26 @@ $h->query_ok("SET ratelimit.command_timeout = '${timeout_ms}ms'");
 	$fake->stop;
 }
 
+# (3a') Malformed replies that a scan must refuse rather than a reader trust: a status
+# line holding a LF (which a reader that looked for the LF would take as the end of the
+# line, and read what follows as a header of its own), a NUL in a header, a bulk string
+# whose CRLF is missing, a RESP3 type. The fail mode, and the backend alive.
+for my $case (
+	[ 'status line with a LF', "*4\r\n*2\r\n+a\n*9\r\n:1\r\n:1\r\n:1\r\n:1\r\n" ],
+	[ 'NUL in a header', "*4\r\n:1\0\r\n:1\r\n:1\r\n:1\r\n" ],
+	[ 'bulk without its CRLF', "*4\r\n\$1\r\nxyz\r\n:1\r\n:1\r\n:1\r\n" ],
+	[ 'a RESP3 double', "*4\r\n,1.5\r\n:1\r\n:1\r\n:1\r\n" ])
+{
+	my ($name, $bytes) = @$case;
+	my $fake = fake_redis_start(reply => sub { $_[0] eq 'EVALSHA' ? $bytes : "-ERR unexpected\r\n" });
+	set_url($h, $fake->url);
+	is_fail_mode($h->consume('h.closed', $subject{hostile}), 'h.closed', "(3a') $name");
+	is($h->query('SELECT 1'), '1', "(3a') $name: the backend is still usable");
+	is(health($h)->{last_error}, 'protocol: malformed reply',
+		"(3a') $name: rl_health().last_error: 'protocol: malformed reply'");
+	$fake->stop;
+}
+
 # (3b) Replies whose header claims what would take gigabytes, followed by an
 # endless stream: the fail mode within command_timeout + 100 ms, and the
 # backend's peak memory hardly moves. The third claims an array the byte

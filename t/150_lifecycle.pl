@@ -89,6 +89,22 @@ is($node->safe_psql('restored', q{
 	FROM rl_policy_history WHERE name = 'q' AND new->>'capacity' = '30'}), 't',
 	'a change after the restore gets an id above every restored one');
 
+# Only the rows a restore brings back go unrecorded: in a new database (an empty
+# history), a superuser's insert that keeps its version, and a plain one after it in the
+# same transaction, which is recorded.
+$node->safe_psql('postgres', 'CREATE DATABASE fresh');
+$node->safe_psql('fresh', 'CREATE EXTENSION ratelimit');
+$node->safe_psql('fresh', q{
+	BEGIN;
+	INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, version)
+	VALUES ('kept', 10, 10, '1 day', 500);
+	INSERT INTO rl_policy (name, capacity, refill_amount, refill_period)
+	VALUES ('plain', 10, 10, '1 day');
+	COMMIT;
+});
+is($node->safe_psql('fresh', q{SELECT string_agg(action || ' ' || name, ', ' ORDER BY id) FROM rl_policy_history}),
+	'INSERT plain', 'a row inserted as a restore does is not recorded; the next one is');
+
 ###
 ### (15) A flood of invalidations does not make a busy backend reload its policies.
 ###
