@@ -2,7 +2,7 @@
 
 EXTENSION = ratelimit
 MODULE_big = ratelimit
-DATA = $(wildcard ratelimit--*.sql)
+DATA = $(wildcard sql/ratelimit--*.sql)
 OBJS = src/ratelimit.o src/decision.o src/policy.o src/subject.o \
        src/bucket.o src/breaker.o src/local.o src/redis.o src/redis_url.o src/resp.o \
        src/secret.o src/log_privacy.o src/log_limit.o \
@@ -15,7 +15,7 @@ PG_CFLAGS = -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-in
 # writes the settings file (it names the Redis that the tests start).
 REGRESS = setup policy errors consume enforce subjects settings failure local transactions leases multi history modes overrides headers stats roles privileges upgrade
 REGRESS_CONF ?= $(srcdir)/dev/regress.conf
-REGRESS_OPTS = --temp-instance=$(CURDIR)/tmp_regress --temp-config=$(REGRESS_CONF)
+REGRESS_OPTS = --inputdir=test --temp-instance=$(CURDIR)/tmp_regress --temp-config=$(REGRESS_CONF)
 
 EXTRA_CLEAN = src/scripts.h tmp_regress tmp_check results regression.diffs regression.out
 

@@ -29,7 +29,7 @@ use POSIX qw(WNOHANG _exit);
 use Test::More;
 use Time::HiRes ();
 
-my $SCRIPT_PATH = "$FindBin::Bin/../lua/token_bucket.lua";
+my $SCRIPT_PATH = "$FindBin::Bin/../../lua/token_bucket.lua";
 my $LIMIT = 1 << 53;    # every value of the bucket math stays below this (as in bucket.h)
 my $T0 = 1_800_000_000_000;    # an injected "now" around 2027, as Redis TIME gives in ms
 

@@ -14,7 +14,6 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time usleep);
 
-use lib 't';
 use RateLimitTest;
 
 my $redis = redis_start(name => 'lifecycle');

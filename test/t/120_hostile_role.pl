@@ -16,7 +16,6 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(usleep);
 
-use lib 't';
 use RateLimitTest;
 
 my $password = 'p4ss-w0rd-for-120';
