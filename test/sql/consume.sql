@@ -1,4 +1,13 @@
 -- rl_consume against Redis with an injected clock (ms since the epoch), so time is exact.
+
+-- Fixtures: the extension and expect_error (test/sql/include/fixtures.sql), quietly.
+\set ECHO none
+\i test/sql/include/fixtures.sql
+-- The README's policy, made anew for this file: a version (so buckets) of its own.
+DELETE FROM rl_policy WHERE name = 'reports.export';
+INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, fail_mode)
+VALUES ('reports.export', 5, 100, '1 hour', 'closed');
+
 SET ratelimit.test_clock_ms = '1800000000000';
 
 -- 'reports.export': 5 tokens, 100 an hour (one every 36 s); full at first.
@@ -46,3 +55,5 @@ SELECT d.version = p.version AS current_version
 FROM rl_consume('api.fast', 'tenant_z') d JOIN rl_policy p ON p.name = d.policy;
 RESET ratelimit.test_clock_ms;
 SELECT allowed, capacity, policy, source FROM rl_consume('api.fast', 'tenant_now');
+
+DELETE FROM rl_policy WHERE name IN ('reports.export', 'api.fast', 'api.slow');

@@ -1,4 +1,13 @@
 -- rl_enforce: the same decision; a denial raises RL429 with the policy and a retry-after.
+
+-- Fixtures: the extension and expect_error (test/sql/include/fixtures.sql), quietly.
+\set ECHO none
+\i test/sql/include/fixtures.sql
+-- The README's policy, made anew for this file: a version (so buckets) of its own.
+DELETE FROM rl_policy WHERE name = 'reports.export';
+INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, fail_mode)
+VALUES ('reports.export', 5, 100, '1 hour', 'closed');
+
 SET ratelimit.test_clock_ms = '1900000000000';
 SELECT allowed, remaining FROM rl_enforce('reports.export', 'tenant_e', 5);
 SELECT expect_error($$SELECT rl_enforce('reports.export', 'tenant_e', 1)$$);
@@ -23,3 +32,5 @@ SET ratelimit.test_clock_ms = '1900000000001';
 SELECT expect_error($$SELECT rl_enforce('reports.export', 'tenant_e', 1)$$);
 SET ratelimit.test_clock_ms = '1900000036000';
 SELECT allowed, remaining FROM rl_enforce('reports.export', 'tenant_e', 1);
+
+DELETE FROM rl_policy WHERE name = 'reports.export';

@@ -1,4 +1,11 @@
 -- When Redis cannot answer, the policy's fail mode decides, and says so in source.
+
+-- Fixtures: the extension and expect_error (test/sql/include/fixtures.sql), quietly.
+\set ECHO none
+\i test/sql/include/fixtures.sql
+
+-- The local buckets already in use in this server (none when this file runs alone).
+SELECT local_buckets_in_use AS local_buckets_before FROM rl_health() \gset
 SET ratelimit.test_clock_ms = '2200000000000';
 INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, fail_mode, local_share) VALUES
     ('fail.open', 10, 10, '1 s', 'open', 1),
@@ -28,7 +35,7 @@ SELECT allowed, remaining, reset_after_ms, source FROM rl_consume('fail.half', '
 SELECT allowed, remaining, retry_after_ms, source FROM rl_consume('fail.half', 'tenant_f', 1);
 -- A cost the local bucket can never hold: closed.
 SELECT allowed, source FROM rl_consume('fail.half', 'tenant_h', 6);
-SELECT local_buckets_in_use, local_buckets FROM rl_health();
+SELECT local_buckets_in_use - :local_buckets_before AS local_buckets_in_use, local_buckets FROM rl_health();
 
 -- rl_enforce tells an outage (RL503, an API's 503) from a quota denial (RL429, a 429),
 -- whoever decided the quota.
@@ -53,3 +60,5 @@ SELECT allowed, source FROM rl_consume('fail.closed', 'tenant_f');
 RESET ratelimit.redis_url;
 SELECT allowed, source FROM rl_consume('fail.closed', 'tenant_f');
 SELECT redis_reachable, breaker, shared FROM rl_health();
+
+DELETE FROM rl_policy WHERE name LIKE 'fail.%';

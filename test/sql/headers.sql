@@ -2,6 +2,11 @@
 -- RateLimit, Retry-After when denied; legacy => true gives RateLimit-Limit/-Remaining/-Reset),
 -- rl_response_headers adds them to PostgREST's response.headers, and with
 -- ratelimit.postgrest_errors rl_enforce raises the PGRST error PostgREST answers 429 or 503 with.
+
+-- Fixtures: the extension and expect_error (test/sql/include/fixtures.sql), quietly.
+\set ECHO none
+\i test/sql/include/fixtures.sql
+
 SET ratelimit.test_clock_ms = '2700000000000';
 INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, fail_mode, mode) VALUES
     ('http.api', 10, 10, '1 minute', 'closed', 'enforce'),      -- a token every 6 s, w=60

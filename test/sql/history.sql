@@ -1,4 +1,9 @@
 -- Managing policies: rl_define reads like the requirement; every change is in the history.
+
+-- Fixtures: the extension and expect_error (test/sql/include/fixtures.sql), quietly.
+\set ECHO none
+\i test/sql/include/fixtures.sql
+
 TRUNCATE rl_policy_history;
 SELECT name, capacity, refill_amount, refill_period, fail_mode, local_share
 FROM rl_define('hist.write', 120, per => '1 minute', burst => 200, fail_mode => 'closed');

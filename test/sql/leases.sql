@@ -2,6 +2,11 @@
 -- or with scope 'session' when the session ends), rl_release gives one back early,
 -- rl_peek counts the free ones, and a lease nobody gives back expires after idle_ttl.
 -- The clock only moves when this script moves it, so every expiry is exact.
+
+-- Fixtures: the extension and expect_error (test/sql/include/fixtures.sql), quietly.
+\set ECHO none
+\i test/sql/include/fixtures.sql
+
 SET ratelimit.test_clock_ms = '2600000000000';
 INSERT INTO rl_policy (name, algorithm, capacity, idle_ttl, fail_mode) VALUES
     ('lease.basic', 'concurrency', 2, '1 min', 'closed'),
@@ -409,3 +414,5 @@ RESET ROLE;
 REVOKE ALL ON FUNCTION rl_acquire(text, text, text) FROM regress_lease_app;
 DROP ROLE regress_lease_app;
 SELECT pg_temp.free('lease.basic', 'priv_s') AS free;
+
+DELETE FROM rl_policy WHERE name LIKE 'lease.%';

@@ -1,6 +1,11 @@
 -- The local fallback bucket (C, bucket.c) and the Redis script (Lua) make the same
 -- decisions: one sequence of (time, cost), with the clock stepping back now and then,
 -- is run against Redis and against a local bucket, and every answer is compared.
+
+-- Fixtures: the extension and expect_error (test/sql/include/fixtures.sql), quietly.
+\set ECHO none
+\i test/sql/include/fixtures.sql
+
 INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, fail_mode) VALUES
     ('eq.odd.redis', 7, 3, '1 s', 'closed'),
     ('eq.odd.local', 7, 3, '1 s', 'local'),
@@ -54,3 +59,5 @@ WHERE r.kind = 'redis'
 GROUP BY 1 ORDER BY 1;
 -- The clock stepped back often enough to matter.
 SELECT count(*) FILTER (WHERE step_ms < 0) > 50 AS many_backward_steps FROM steps;
+
+DELETE FROM rl_policy WHERE name LIKE 'eq.%';

@@ -1,5 +1,10 @@
 -- Policy modes: 'enforce' (the default), 'shadow' (decide and count, never deny: the
 -- source says it would have denied) and 'disabled' (allow, count nothing).
+
+-- Fixtures: the extension and expect_error (test/sql/include/fixtures.sql), quietly.
+\set ECHO none
+\i test/sql/include/fixtures.sql
+
 SET ratelimit.test_clock_ms = '2600000000000';
 INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, mode) VALUES
     ('mode.shadow', 2, 2, '1 hour', 'shadow'),

@@ -1,6 +1,11 @@
 -- rl_consume_all (several checks in one atomic step: all granted or none charged) and
 -- rl_limit_trigger (a trigger that charges a policy for the rows written). The clock
 -- does not move, so nothing refills and rl_peek (which takes nothing) shows every level.
+
+-- Fixtures: the extension and expect_error (test/sql/include/fixtures.sql), quietly.
+\set ECHO none
+\i test/sql/include/fixtures.sql
+
 SET ratelimit.test_clock_ms = '2600000000000';
 -- One token every 360 s (tenant, open, local), 720 s (user), 900 s (local2).
 INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, fail_mode) VALUES
@@ -572,4 +577,5 @@ DROP ROLE regress_multi_app;
 
 DROP TABLE trig_comments, trig_orders, trig_after, trig_docs, trig_both, trig_exports, trig_events,
     trig_batches, trig_moves, trig_down, trig_errors;
+DELETE FROM rl_policy WHERE name LIKE 'multi.%' OR name LIKE 'trig.%';
 RESET ratelimit.test_clock_ms;

@@ -1,6 +1,11 @@
 -- Per-subject overrides (rl_override): another limit with a version and a bucket of its
 -- own ('limit'), always allowed ('allow') or always denied ('deny'), until expires_at.
 -- The clock does not move unless a test moves it: 2800000000000 ms is 2058-09-23 09:46:40 UTC.
+
+-- Fixtures: the extension and expect_error (test/sql/include/fixtures.sql), quietly.
+\set ECHO none
+\i test/sql/include/fixtures.sql
+
 SET ratelimit.test_clock_ms = '2800000000000';
 -- One token every 720 s (ov.api), 1200 s (ov.user).
 INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES

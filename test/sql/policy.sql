@@ -1,5 +1,9 @@
 -- Policies are rows: constraints reject nonsense, versions are bumped by the extension.
 
+-- Fixtures: the extension and expect_error (test/sql/include/fixtures.sql), quietly.
+\set ECHO none
+\i test/sql/include/fixtures.sql
+
 INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, fail_mode)
 VALUES ('reports.export', 5, 100, '1 hour', 'closed');
 SELECT name, algorithm, capacity, refill_amount, refill_period, idle_ttl, fail_mode, version > 0 AS has_version
@@ -55,6 +59,8 @@ DELETE FROM rl_policy WHERE name LIKE 'p.%' OR name = repeat('a', 63);
 
 -- version: new on insert, new when the meaning of stored state changes, kept otherwise.
 CREATE TEMP TABLE seen_versions AS SELECT version FROM rl_policy WHERE name = 'reports.export';
+-- (Its first version, brought back below: 1 in a fresh database, but not if files ran before.)
+SELECT version AS first_version FROM seen_versions \gset
 UPDATE rl_policy SET fail_mode = 'open' WHERE name = 'reports.export';
 SELECT version = (SELECT version FROM seen_versions) AS kept_on_fail_mode FROM rl_policy WHERE name = 'reports.export';
 UPDATE rl_policy SET refill_period = '60 minutes' WHERE name = 'reports.export';
@@ -69,11 +75,11 @@ SELECT version > (SELECT version FROM seen_versions) AS bumped_on_refill_amount 
 UPDATE seen_versions SET version = (SELECT version FROM rl_policy WHERE name = 'reports.export');
 UPDATE rl_policy SET refill_period = '2 hours' WHERE name = 'reports.export';
 SELECT version > (SELECT version FROM seen_versions) AS bumped_on_period FROM rl_policy WHERE name = 'reports.export';
--- Dropped and created again: a new version, never an old one.
+-- Dropped and created again, bringing its first version: a new version, never an old one.
 UPDATE seen_versions SET version = (SELECT version FROM rl_policy WHERE name = 'reports.export');
 DELETE FROM rl_policy WHERE name = 'reports.export';
 INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, version)
-VALUES ('reports.export', 6, 50, '2 hours', 1);
+VALUES ('reports.export', 6, 50, '2 hours', :first_version);
 SELECT version > (SELECT version FROM seen_versions) AS never_reused FROM rl_policy WHERE name = 'reports.export';
 -- A row outside the bounds (only possible without the constraint) fails its own
 -- decisions, and no others.
@@ -85,5 +91,5 @@ DELETE FROM rl_policy WHERE name = 'p.broken';
 ALTER TABLE rl_policy ADD CONSTRAINT rl_policy_exact_check
     CHECK (rl_bucket_is_exact(capacity, refill_amount, refill_period));
 
--- Back to the README's policy, for the tests that follow.
-UPDATE rl_policy SET capacity = 5, refill_amount = 100, refill_period = '1 hour', fail_mode = 'closed';
+-- Every file makes the policies it uses: this one's is gone.
+DELETE FROM rl_policy WHERE name = 'reports.export';

@@ -1,4 +1,13 @@
 -- Privileges: spending budget, changing policies and reading secrets are separate rights.
+
+-- Fixtures: the extension and expect_error (test/sql/include/fixtures.sql), quietly.
+\set ECHO none
+\i test/sql/include/fixtures.sql
+-- The README's policy, made anew for this file: a version (so buckets) of its own.
+DELETE FROM rl_policy WHERE name = 'reports.export';
+INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, fail_mode)
+VALUES ('reports.export', 5, 100, '1 hour', 'closed');
+
 SET ratelimit.test_clock_ms = '2100000000000';
 CREATE ROLE regress_app;
 CREATE ROLE regress_policy_admin;
@@ -84,3 +93,5 @@ REVOKE ALL ON rl_policy FROM regress_policy_admin;
 REVOKE ALL ON FUNCTION rl_consume(text, text, bigint), rl_enforce(text, text, bigint) FROM regress_app;
 DROP ROLE regress_app;
 DROP ROLE regress_policy_admin;
+
+DELETE FROM rl_policy WHERE name = 'reports.export';

@@ -1,5 +1,10 @@
 -- The privilege model, as the README's recipe: one group role administers policies, one
 -- only spends budget. Neither needs to be superuser.
+
+-- Fixtures: the extension and expect_error (test/sql/include/fixtures.sql), quietly.
+\set ECHO none
+\i test/sql/include/fixtures.sql
+
 CREATE ROLE regress_ratelimit_admin NOLOGIN;
 GRANT SELECT, INSERT, UPDATE, DELETE ON rl_policy, rl_override TO regress_ratelimit_admin;
 GRANT SELECT ON rl_policy_history TO regress_ratelimit_admin;

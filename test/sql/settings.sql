@@ -1,4 +1,9 @@
 -- Settings: checked when set, with a clear message that never echoes a password.
+
+-- Fixtures: the extension and expect_error (test/sql/include/fixtures.sql), quietly.
+\set ECHO none
+\i test/sql/include/fixtures.sql
+
 SELECT name, CASE WHEN name = 'ratelimit.redis_url' THEN '(set by the test)' ELSE setting END AS setting,
        unit, context
 FROM pg_settings WHERE name LIKE 'ratelimit.%' ORDER BY name;

@@ -1,4 +1,5 @@
--- Installs the extension and a helper that shows an error's SQLSTATE and message.
+-- Installs the extension. (Every file, this one apart, loads test/sql/include/fixtures.sql
+-- first: the extension if it is missing and the helper expect_error, so each runs alone.)
 CREATE EXTENSION ratelimit;
 
 SELECT e.extname, e.extversion, n.nspname
@@ -19,13 +20,3 @@ WHERE proname IN ('rl_consume', 'rl_enforce', 'rl_reserve', 'rl_peek', 'rl_refun
                   'rl_health', 'rl_local_available',
                   'rl_policy_set_version', 'rl_policy_invalidate')
 ORDER BY 1;
-
-CREATE FUNCTION expect_error(statement text) RETURNS text
-LANGUAGE plpgsql AS $$
-BEGIN
-    EXECUTE statement;
-    RETURN 'no error';
-EXCEPTION WHEN OTHERS THEN
-    RETURN SQLSTATE || ': ' || SQLERRM;
-END
-$$;

@@ -2,6 +2,11 @@
 -- subject), the decision log (a LOG line per chosen decision with a keyed hash for the
 -- subject, never the subject) and who may see or change them. The clock does not move
 -- unless a test moves it; the subject secret is fixed, so the hashes below are too.
+
+-- Fixtures: the extension and expect_error (test/sql/include/fixtures.sql), quietly.
+\set ECHO none
+\i test/sql/include/fixtures.sql
+
 SET ratelimit.test_clock_ms = '2900000000000';
 SET ratelimit.subject_secret = 'stats-secret-7f3a';
 -- The decision log prints versions: the counter moves forward (never back, so no version

@@ -1,4 +1,9 @@
 -- Subjects: any text up to 1024 bytes; odd text can never reach into another bucket.
+
+-- Fixtures: the extension and expect_error (test/sql/include/fixtures.sql), quietly.
+\set ECHO none
+\i test/sql/include/fixtures.sql
+
 SET ratelimit.test_clock_ms = '2000000000000';
 INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('login', 2, 1, '1 hour');
 
@@ -32,3 +37,5 @@ SET ratelimit.key_scope = 'staging';
 SELECT allowed, remaining FROM rl_consume('login', 'tenant', 1);
 RESET ratelimit.key_scope;
 SELECT allowed, remaining FROM rl_consume('login', 'tenant', 1);
+
+DELETE FROM rl_policy WHERE name = 'login';

@@ -1,6 +1,11 @@
 -- Budget that follows the transaction: rl_reserve (refunded when its transaction or
 -- savepoint rolls back), rl_peek, rl_refund and rl_reset. The clock does not move, so
 -- every level is exact and rl_peek (which takes nothing) shows it.
+
+-- Fixtures: the extension and expect_error (test/sql/include/fixtures.sql), quietly.
+\set ECHO none
+\i test/sql/include/fixtures.sql
+
 SET ratelimit.test_clock_ms = '2400000000000';
 -- 10 tokens, 10 an hour: nothing refills while the clock stands still.
 INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, fail_mode) VALUES
@@ -435,3 +440,5 @@ RESET ROLE;
 SELECT pg_temp.level('tx.basic', 'priv_s') AS level;
 REVOKE ALL ON FUNCTION rl_peek(text, text, bigint) FROM regress_tx_app;
 DROP ROLE regress_tx_app;
+
+DELETE FROM rl_policy WHERE name LIKE 'tx.%';

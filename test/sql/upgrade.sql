@@ -1,5 +1,10 @@
 -- The upgrade path: a database made with 0.1.0 keeps its policies, versions, history and
 -- buckets through every update script up to the default version, and then has overrides.
+
+-- Fixtures: the extension and expect_error (test/sql/include/fixtures.sql), quietly.
+\set ECHO none
+\i test/sql/include/fixtures.sql
+
 SELECT count(*) AS paths_from_0_1_0_to_default
 FROM pg_extension_update_paths('ratelimit') p
 WHERE p.source = '0.1.0' AND p.path IS NOT NULL
