@@ -3,11 +3,11 @@
 EXTENSION = ratelimit
 MODULE_big = ratelimit
 DATA = $(wildcard sql/ratelimit--*.sql)
-OBJS = src/ratelimit.o src/decision.o src/policy.o src/subject.o \
-       src/bucket.o src/breaker.o src/local.o src/redis.o src/redis_url.o src/resp.o \
-       src/secret.o src/log_privacy.o src/log_limit.o \
-       src/ledger.o src/reservation.o src/lease.o src/multi.o src/trigger.o \
-       src/stats.o src/decision_log.o src/headers.o
+# One folder per layer, lowest first (CONTRIBUTING.md); each may use only those before it.
+OBJS = $(patsubst %.c,%.o,$(sort \
+       $(wildcard src/base/*.c) $(wildcard src/algorithm/*.c) $(wildcard src/redis/*.c) \
+       $(wildcard src/local/*.c) $(wildcard src/policy/*.c) $(wildcard src/engine/*.c) \
+       $(wildcard src/observe/*.c) $(wildcard src/functions/*.c))) src/ratelimit.o
 PG_CPPFLAGS = -I$(srcdir)/src
 PG_CFLAGS = -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers
 
@@ -23,10 +23,13 @@ PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
-# Each lua/NAME.lua becomes a C string constant script_NAME in src/scripts.h.
-src/scripts.h: $(wildcard lua/*.lua) dev/embed-lua
-	$(srcdir)/dev/embed-lua $(sort $(wildcard $(srcdir)/lua/*.lua)) > $@.tmp && mv $@.tmp $@
+# Each script, lua/<algorithm>/<operation>.lua or lua/<name>.lua, becomes a C string
+# constant in src/scripts.h, with lua/lib.lua and its algorithm's common.lua before it.
+LUA_PARTS = $(wildcard lua/*.lua lua/*/*.lua)
+LUA_SCRIPTS = $(sort $(filter-out lua/lib.lua %/common.lua,$(LUA_PARTS)))
+src/scripts.h: $(LUA_PARTS) dev/embed-lua dev/lua-script
+	$(srcdir)/dev/embed-lua $(addprefix $(srcdir)/,$(LUA_SCRIPTS)) > $@.tmp && mv $@.tmp $@
 
-src/decision.o src/decision.bc src/lease.o src/lease.bc: src/scripts.h
+$(OBJS) $(OBJS:.o=.bc): src/scripts.h
 # PGXS does not track headers: a changed struct must rebuild every object.
-$(OBJS): $(wildcard $(srcdir)/src/*.h)
+$(OBJS): $(wildcard $(srcdir)/src/*.h $(srcdir)/src/*/*.h)

@@ -40,6 +40,7 @@ rl_build_install() {
 	make -C "$RL_ROOT" -s clean >/dev/null
 	make -C "$RL_ROOT" -s PG_CONFIG="$RL_PG_CONFIG" \
 		PG_CFLAGS="-std=gnu11 -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers ${RL_EXTRA_CFLAGS:-}"
+	"$RL_ROOT/dev/check-layers" "$RL_ROOT"
 	make -C "$RL_ROOT" -s PG_CONFIG="$RL_PG_CONFIG" install >/dev/null
 }
 

@@ -1,3 +1,4 @@
--- Reset: forget a bucket, which makes it full (a missing key is a full bucket).
--- KEYS[1]  the bucket. Returns {1 if there was state to forget, else 0}.
-return {redis.call('DEL', KEYS[1])}
+-- reset.lua: forgets a bucket (a full one again) or a lease set (every lease):
+-- rl_reset. One write.
+-- KEYS[1]  the bucket or lease set. Returns {1 if there was state to forget, else 0}.
+return {call('DEL', KEYS[1])}

@@ -1,16 +1,17 @@
 /*
- * bucket.c
- *	  Token bucket arithmetic in C: turns a policy into the exact integer units
- *	  that lua/token_bucket.lua works in, checks the bounds that keep it exact,
- *	  and makes the script's decision for buckets kept in PostgreSQL (the local
- *	  fallback). Keep bucket_apply and the script step for step alike: a test
- *	  feeds both the same (time, cost) sequence and compares every answer.
+ * token_bucket.c
+ *	  Token bucket arithmetic in C: turns a policy into the exact integer
+ *	  units that its scripts (lua/token_bucket/) work in, checks the bounds
+ *	  that keep it exact, and makes the scripts' decision for buckets kept in
+ *	  PostgreSQL (the local fallback). Keep bucket_apply and the scripts step
+ *	  for step alike: a test feeds both the same (time, cost) sequence and
+ *	  compares every answer.
  */
-#include "ratelimit.h"
+#include "prelude.h"
 
 #include "common/int.h"
 
-#include "bucket.h"
+#include "algorithm/token_bucket.h"
 
 /* Greatest common divisor of two positive integers. */
 static int64

@@ -1,10 +1,11 @@
 /*
- * bucket.h
+ * token_bucket.h
  *	  The token bucket in exact integer units: its parameters, and the same
- *	  decision lua/token_bucket.lua makes in Redis, for buckets kept here.
+ *	  decision its scripts (lua/token_bucket/) make in Redis, for buckets kept
+ *	  here.
  */
-#ifndef RL_BUCKET_H
-#define RL_BUCKET_H
+#ifndef RL_TOKEN_BUCKET_H
+#define RL_TOKEN_BUCKET_H
 
 /* Largest integer every value of the bucket math must stay below (Lua numbers are doubles). */
 #define BUCKET_EXACT_LIMIT (INT64CONST(1) << 53)
@@ -57,4 +58,4 @@ extern void bucket_apply(const BucketParams *params, BucketState *state, int64 n
 						 int64 cost, BucketMode mode, BucketResult *result);
 extern bool bucket_is_full(const BucketParams *params, const BucketState *state, int64 now_ms);
 
-#endif							/* RL_BUCKET_H */
+#endif							/* RL_TOKEN_BUCKET_H */

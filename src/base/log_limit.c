@@ -1,17 +1,19 @@
 /*
  * log_limit.c
- *	  At most one failure line per class per retry_interval in each backend.
+ *	  At most one failure line per class and interval in each backend.
  *
  * A Redis that fails every other call (out of memory for one script, not for
  * another; a flapping network) must not write a line per call. Each kind of
  * line names its class (the failure, the reason a refund was lost); a class
- * logs at most once per ratelimit.retry_interval in a backend, and its next
- * line says how many were held back meanwhile. A few recent classes are kept;
- * one that falls out of the table only logs again sooner.
+ * logs at most once per interval (the callers use ratelimit.retry_interval)
+ * in a backend, and its next line says how many were held back meanwhile. A
+ * few recent classes are kept; one that falls out of the table only logs
+ * again sooner.
  */
-#include "ratelimit.h"
+#include "prelude.h"
 
-#include "log_limit.h"
+#include "base/clock.h"
+#include "base/log_limit.h"
 
 #define LOG_LIMIT_CLASSES 16
 #define LOG_LIMIT_CLASS_BYTES 128
@@ -27,13 +29,14 @@ typedef struct LogClass
 static LogClass classes[LOG_LIMIT_CLASSES];
 
 /*
- * True when a line of line_class may be logged now; then *held_back says how
- * many lines of that class were not logged since its last one.
+ * True when a line of line_class may be logged now, none of that class having
+ * been logged for interval_ms; then *held_back says how many lines of that
+ * class were not logged since its last one.
  */
 bool
-log_limit_allow(const char *line_class, int64 *held_back)
+log_limit_allow(const char *line_class, int64 interval_ms, int64 *held_back)
 {
-	int64		now = rl_monotonic_us();
+	int64		now = clock_monotonic_us();
 	LogClass   *found = NULL;
 	LogClass   *stalest = &classes[0];
 
@@ -55,7 +58,7 @@ log_limit_allow(const char *line_class, int64 *held_back)
 		found->logged_us = 0;
 	}
 	found->used_us = now;
-	if (found->logged_us != 0 && now - found->logged_us < (int64) rl_retry_interval_ms * 1000)
+	if (found->logged_us != 0 && now - found->logged_us < interval_ms * 1000)
 	{
 		found->held_back++;
 		return false;

@@ -11,11 +11,11 @@
  * would be a password or the secret: an emit_log_hook (in the postmaster too,
  * when preloaded) leaves the value out of that line.
  */
-#include "ratelimit.h"
+#include "prelude.h"
 
 #include "utils/elog.h"
 
-#include "log_privacy.h"
+#include "base/log_privacy.h"
 
 /* The settings whose values may be secrets. */
 static const char *const secret_settings[] = {

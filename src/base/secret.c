@@ -18,7 +18,7 @@
  * ratelimit.redis_password_file and ratelimit.subject_secret_file name it,
  * and nothing secret then passes through a setting, a catalog or a log line.
  */
-#include "ratelimit.h"
+#include "prelude.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -27,12 +27,12 @@
 #include "storage/fd.h"
 #include "utils/guc.h"
 
-#include "secret.h"
+#include "base/secret.h"
 
 /* The longest secret a file may hold. */
 #define SECRET_MAX_BYTES 1024
 
-char	   *rl_subject_secret = NULL;
+static char *subject_secret = NULL;
 static char *subject_secret_file = NULL;
 static char *redis_password_file = NULL;
 static bool library_preloaded = false;
@@ -210,15 +210,15 @@ secret_file_read(SecretFile *file, const char *path, const char *setting)
 }
 
 /*
- * The password to authenticate to Redis with: the URL's, else the one in
- * ratelimit.redis_password_file, else NULL (no AUTH). False, with a short
- * problem, when the file cannot be used.
+ * The Redis password in ratelimit.redis_password_file, or NULL when none is
+ * set (for a URL that names no password). False, with a short problem, when
+ * the file cannot be used.
  */
 bool
-secret_redis_password(const RedisUrl *url, const char **password, const char **problem)
+secret_redis_password(const char **password, const char **problem)
 {
-	*password = url->password;
-	if (*password != NULL || redis_password_file == NULL || redis_password_file[0] == '\0')
+	*password = NULL;
+	if (redis_password_file == NULL || redis_password_file[0] == '\0')
 		return true;
 	*problem = secret_file_read(&redis_password, redis_password_file,
 								"ratelimit.redis_password_file");
@@ -241,7 +241,7 @@ secret_subject_key(void)
 
 	if (subject_secret_file == NULL || subject_secret_file[0] == '\0')
 	{
-		if (rl_subject_secret[0] == '\0' && subject_secret_refusal[0] != '\0')
+		if (subject_secret[0] == '\0' && subject_secret_refusal[0] != '\0')
 			ereport(ERROR,
 					(errhidestmt(true),
 					 errhidecontext(true),
@@ -249,9 +249,9 @@ secret_subject_key(void)
 					 errmsg("ratelimit.subject_secret was refused"),
 					 errdetail("%s", subject_secret_refusal),
 					 errhint("Put the secret in a file that only the server's operating-system user can read, and name that file in ratelimit.subject_secret_file.")));
-		return rl_subject_secret;
+		return subject_secret;
 	}
-	if (rl_subject_secret[0] != '\0')
+	if (subject_secret[0] != '\0')
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errhidecontext(true),
@@ -287,15 +287,19 @@ assign_subject_secret(const char *newval, void *extra)
 	secret_accepted("ratelimit.subject_secret");
 }
 
-/* Defines the settings of the secrets; preloaded says whether the library is in shared_preload_libraries. */
+/*
+ * Defines the settings of the secrets; preloaded says whether the library is
+ * in shared_preload_libraries. Called first from _PG_init: the check hook of
+ * ratelimit.redis_url asks where secrets may come from.
+ */
 void
-secret_define_settings(bool preloaded)
+secret_init(bool preloaded)
 {
 	library_preloaded = preloaded;
 	DefineCustomStringVariable("ratelimit.subject_secret",
 							   "Secret key of the hash that stands for subjects that are not safe ids.",
 							   "Only superusers can read or set it. Changing it starts new buckets.",
-							   &rl_subject_secret, "", PGC_SUSET,
+							   &subject_secret, "", PGC_SUSET,
 							   GUC_SUPERUSER_ONLY | GUC_NOT_IN_SAMPLE,
 							   check_subject_secret, assign_subject_secret, NULL);
 	DefineCustomStringVariable("ratelimit.subject_secret_file",

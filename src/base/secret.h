@@ -8,17 +8,12 @@
 
 #include "utils/guc.h"
 
-#include "redis_url.h"
-
-extern char *rl_subject_secret;
-
-extern void secret_define_settings(bool preloaded);
+extern void secret_init(bool preloaded);
 extern bool secret_source_allowed(const char *name, GucSource source);
 extern void secret_refused(const char *name, GucSource source);
 extern void secret_accepted(const char *name);
 extern const char *secret_url_problem(void);
-extern bool secret_redis_password(const RedisUrl *url, const char **password,
-								  const char **problem);
+extern bool secret_redis_password(const char **password, const char **problem);
 extern const char *secret_subject_key(void);
 
 #endif							/* RL_SECRET_H */

@@ -1,7 +1,7 @@
 /*
- * multi.c
- *	  rl_consume_all: several checks (a tenant's and a user's, say) taken in one
- *	  atomic step, all granted or none charged.
+ * group.c
+ *	  Several checks (a tenant's and a user's, say) taken in one atomic step,
+ *	  all granted or none charged: what rl_consume_all decides.
  *
  * Redis runs every check in one script call, which is atomic only when every
  * key lives on one node: in Redis Cluster, in one hash slot. So the subjects of
@@ -13,82 +13,82 @@
  * checks take from their local buckets and give back what they took if a later
  * one is short.
  */
-#include "ratelimit.h"
+#include "prelude.h"
 
-#include "catalog/pg_type.h"
-#include "funcapi.h"
-#include "utils/array.h"
-#include "utils/builtins.h"
-#include "utils/lsyscache.h"
-
-#include "breaker.h"
-#include "decision.h"
-#include "log_privacy.h"
-#include "subject.h"
-
-/* The most checks in one call. */
-#define MULTI_MAX_CHECKS 32
+#include "base/clock.h"
+#include "engine/group.h"
+#include "engine/observer.h"
+#include "policy/subject.h"
+#include "redis/breaker.h"
 
 /* The checks of one call, for breaker_call. */
-typedef struct MultiCall
+typedef struct Group
 {
 	int			count;
 	DecisionRequest *requests;
 	Decision   *decisions;
 	bool	   *fixed;			/* decided without a bucket (decision_fixed): not in Redis */
 	int			asked;			/* checks that go to Redis */
-} MultiCall;
+	int64		round_trip_us;	/* of the last call to Redis; -1: none */
+} Group;
 
 /*
- * Runs every check that needs a bucket in one script call; true with their
+ * Runs every check that needs a bucket in one call of the take script (KEYS:
+ * the buckets; ARGV: the clock, then 5 numbers per bucket); true with their
  * decisions filled when Redis answered.
  */
 static bool
-multi_redis(void *arg, RedisFailure *failure)
+group_redis(void *arg, RedisFailure *failure)
 {
-	MultiCall  *call = arg;
-	const char **keys = palloc(call->asked * sizeof(char *));
-	const char **args = palloc(DECISION_SCRIPT_ARGS * call->asked * sizeof(char *));
-	ScriptNumbers *numbers = palloc(call->asked * sizeof(ScriptNumbers));
-	long long  *results = palloc(4 * call->asked * sizeof(long long));
-	bool		answered;
+	Group	   *group = arg;
+	const char **keys = palloc(group->asked * sizeof(char *));
+	const char **args = palloc((1 + 5 * group->asked) * sizeof(char *));
+	RedisCall	call = {0};
 	int			n = 0;
 
-	for (int i = 0; i < call->count; i++)
+	args[0] = clock_test_ms();
+	for (int i = 0; i < group->count; i++)
 	{
-		const DecisionRequest *request = &call->requests[i];
-		StringInfoData key;
-
-		if (call->fixed[i])
+		if (group->fixed[i])
 			continue;
-		initStringInfo(&key);
-		subject_build_key(&key, &request->policy, request->subject, request->length);
-		keys[n] = key.data;
-		decision_script_args(request, numbers[n], &args[DECISION_SCRIPT_ARGS * n]);
+		keys[n] = decision_key(&group->requests[i]);
+		decision_bucket_args(&group->requests[i], &args[1 + 5 * n]);
 		n++;
 	}
-	answered = redis_run_script(&token_bucket_script, n, keys, DECISION_SCRIPT_ARGS * n, args,
-								results, 4 * n, failure);
+	call.script = &token_bucket_take;
+	call.nkeys = n;
+	call.keys = keys;
+	call.nargs = 1 + 5 * n;
+	call.args = args;
+	call.nresults = 4 * n;
+	call.results = palloc(4 * n * sizeof(long long));
+	if (!redis_run_scripts(&call, 1, 0, failure))
+		return false;
+	group->round_trip_us = call.round_trip_us;
+	*failure = call.failure;
+	if (!call.answered)
+		return false;
 	n = 0;
-	for (int i = 0; answered && i < call->count; i++)
-		if (!call->fixed[i])
-			answered = decision_from_reply(&results[4 * n++], &call->decisions[i], failure);
-	return answered;
+	for (int i = 0; i < group->count; i++)
+		if (!group->fixed[i] &&
+			!decision_from_reply(&call.results[4 * n++], &group->decisions[i], failure))
+			return false;
+	return true;
 }
 
 /* True when Redis denied the group and every check that was short is a shadow one. */
 static bool
-multi_only_shadow_short(const MultiCall *call)
+group_only_shadow_short(const Group *group)
 {
 	bool		any_short = false;
 
-	for (int i = 0; i < call->count; i++)
+	for (int i = 0; i < group->count; i++)
 	{
-		const Decision *decision = &call->decisions[i];
+		const Decision *decision = &group->decisions[i];
 
-		if (call->fixed[i] || decision->allowed || decision->retry_after_ms == 0)
+		if (group->fixed[i] || decision->allowed || decision->retry_after_ms == 0)
 			continue;
-		if (call->requests[i].policy.mode != POLICY_MODE_SHADOW)
+		if (group->requests[i].policy.mode != POLICY_MODE_SHADOW)
 			return false;
 		any_short = true;
 	}
@@ -97,7 +97,7 @@ multi_only_shadow_short(const MultiCall *call)
 
 /* Decides the group by each check's fail mode, all or nothing. */
 static void
-multi_fail_mode(MultiCall *call)
+group_fail_mode(Group *group)
 {
 	int			taken = 0;
 	bool		denied = false;
@@ -107,27 +107,27 @@ multi_fail_mode(MultiCall *call)
 	 * the group, unless its policy is in shadow mode. Checks decided without a
 	 * bucket (disabled, an 'allow' override) never deny.
 	 */
-	for (int i = 0; i < call->count; i++)
+	for (int i = 0; i < group->count; i++)
 	{
-		const Policy *policy = &call->requests[i].policy;
+		const Policy *policy = &group->requests[i].policy;
 
-		if (!call->fixed[i] && policy->fail_mode != FAIL_MODE_OPEN &&
-			policy->mode == POLICY_MODE_ENFORCE && !decision_local_possible(&call->requests[i]))
+		if (!group->fixed[i] && policy->fail_mode != FAIL_MODE_OPEN &&
+			policy->mode == POLICY_MODE_ENFORCE && !decision_local_possible(&group->requests[i]))
 			denied = true;
 	}
-	for (int i = 0; !denied && i < call->count; i++)
+	for (int i = 0; !denied && i < group->count; i++)
 	{
-		Decision   *decision = &call->decisions[i];
+		Decision   *decision = &group->decisions[i];
 
-		if (call->fixed[i])
+		if (group->fixed[i])
 			continue;
-		if (call->requests[i].policy.fail_mode == FAIL_MODE_OPEN)
+		if (group->requests[i].policy.fail_mode == FAIL_MODE_OPEN)
 		{
 			decision->allowed = true;
 			decision->source = DECISION_SOURCE_FAIL_OPEN;
 			continue;
 		}
-		if (!decision_local_possible(&call->requests[i]))
+		if (!decision_local_possible(&group->requests[i]))
 		{
 			/* A shadow or disabled check that fails closed: its mode decides later. */
 			decision->allowed = false;
@@ -135,9 +135,9 @@ multi_fail_mode(MultiCall *call)
 			decision->retry_after_ms = breaker_retry_after_ms();
 			continue;
 		}
-		decision_local(&call->requests[i], BUCKET_TAKE, decision);
+		decision_local(&group->requests[i], BUCKET_TAKE, decision);
 		taken = i + 1;
-		if (!decision->allowed && call->requests[i].policy.mode == POLICY_MODE_ENFORCE)
+		if (!decision->allowed && group->requests[i].policy.mode == POLICY_MODE_ENFORCE)
 		{
 			denied = true;
 			break;
@@ -152,16 +152,16 @@ multi_fail_mode(MultiCall *call)
 		Decision	refund;
 
 		/* Only what was taken goes back: a short bucket took nothing. */
-		if (call->decisions[i].source == DECISION_SOURCE_LOCAL && call->decisions[i].allowed)
+		if (group->decisions[i].source == DECISION_SOURCE_LOCAL && group->decisions[i].allowed)
 		{
-			decision_local(&call->requests[i], BUCKET_REFUND, &refund);
-			call->decisions[i].remaining = refund.remaining;
-			call->decisions[i].reset_after_ms = refund.reset_after_ms;
+			decision_local(&group->requests[i], BUCKET_REFUND, &refund);
+			group->decisions[i].remaining = refund.remaining;
+			group->decisions[i].reset_after_ms = refund.reset_after_ms;
 		}
 	}
-	for (int i = 0; i < call->count; i++)
+	for (int i = 0; i < group->count; i++)
 	{
-		Decision   *decision = &call->decisions[i];
+		Decision   *decision = &group->decisions[i];
 
 		if (decision->source == DECISION_SOURCE_LOCAL && !decision->allowed)
 			continue;			/* the short local bucket keeps its own answer */
@@ -172,37 +172,47 @@ multi_fail_mode(MultiCall *call)
 	}
 }
 
+/* Asks Redis through the breaker, and reports the call (for the first check's policy). */
+static bool
+group_ask(Group *group, RedisFailure *failure)
+{
+	bool		answered;
+
+	group->round_trip_us = -1;
+	answered = breaker_call(group_redis, group, failure);
+	engine_observe_redis(&group->requests[0].policy, answered, failure, group->round_trip_us);
+	return answered;
+}
+
 /*
  * Decides the group in Redis while it answers, else by each check's fail mode.
  * A short shadow check must not stop the others: then Redis is asked again
  * without it, and its own answer is kept.
  */
 static void
-multi_decide(MultiCall *call)
+group_decide(Group *group)
 {
 	RedisFailure failure;
 	bool		answered;
 
-	if (call->asked == 0)
+	if (group->asked == 0)
 		return;					/* every check was decided without a bucket */
-	answered = breaker_call(multi_redis, call, &failure);
-	decision_note_redis(&call->requests[0].policy, answered, &failure);
-	if (answered && multi_only_shadow_short(call))
+	answered = group_ask(group, &failure);
+	if (answered && group_only_shadow_short(group))
 	{
-		Decision   *kept = palloc(call->count * sizeof(Decision));
+		Decision   *kept = palloc(group->count * sizeof(Decision));
 
-		memcpy(kept, call->decisions, call->count * sizeof(Decision));
-		for (int i = 0; i < call->count; i++)
-			if (!call->fixed[i] && !kept[i].allowed && kept[i].retry_after_ms > 0)
-				call->requests[i].cost = 0;
-		answered = breaker_call(multi_redis, call, &failure);
-		decision_note_redis(&call->requests[0].policy, answered, &failure);
-		for (int i = 0; answered && i < call->count; i++)
-			if (!call->fixed[i] && !kept[i].allowed && kept[i].retry_after_ms > 0)
-				call->decisions[i] = kept[i];
+		memcpy(kept, group->decisions, group->count * sizeof(Decision));
+		for (int i = 0; i < group->count; i++)
+			if (!group->fixed[i] && !kept[i].allowed && kept[i].retry_after_ms > 0)
+				group->requests[i].cost = 0;
+		answered = group_ask(group, &failure);
+		for (int i = 0; answered && i < group->count; i++)
+			if (!group->fixed[i] && !kept[i].allowed && kept[i].retry_after_ms > 0)
+				group->decisions[i] = kept[i];
 	}
 	if (!answered)
-		multi_fail_mode(call);
+		group_fail_mode(group);
 }
 
 /*
@@ -210,11 +220,11 @@ multi_decide(MultiCall *call)
  * left, and every check told to wait as long as the override (retry_ms).
  */
 static void
-multi_denied_by_override(MultiCall *call, int64 retry_ms)
+group_denied_by_override(Group *group, int64 retry_ms)
 {
-	for (int i = 0; i < call->count; i++)
+	for (int i = 0; i < group->count; i++)
 	{
-		Decision   *decision = &call->decisions[i];
+		Decision   *decision = &group->decisions[i];
 
 		decision->allowed = false;
 		decision->remaining = 0;
@@ -224,89 +234,27 @@ multi_denied_by_override(MultiCall *call, int64 retry_ms)
 	}
 }
 
-/* The elements of a one-dimensional array argument; NULL elements are 22004. */
-static int
-multi_array(FunctionCallInfo fcinfo, int argno, Oid type, const char *what, Datum **values)
-{
-	ArrayType  *array;
-	bool	   *nulls;
-	int			count;
-	int16		typlen;
-	bool		typbyval;
-	char		typalign;
-
-	if (PG_ARGISNULL(argno))
-		ereport(ERROR,
-				(errhidestmt(true),
-				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must not be null", what)));
-	array = PG_GETARG_ARRAYTYPE_P(argno);
-	if (ARR_NDIM(array) > 1)
-		ereport(ERROR,
-				(errhidestmt(true),
-				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("%s must be a one-dimensional array", what)));
-	get_typlenbyvalalign(type, &typlen, &typbyval, &typalign);
-	deconstruct_array(array, type, typlen, typbyval, typalign, values, &nulls, &count);
-	for (int i = 0; i < count; i++)
-		if (nulls[i])
-			ereport(ERROR,
-					(errhidestmt(true),
-					 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-					 errmsg("%s must not hold nulls", what)));
-	return count;
-}
-
 /*
- * rl_consume_all(policies, subjects, costs DEFAULT NULL): one decision per
- * check, all granted or none charged; NULL costs mean 1 each.
+ * Raises an error unless the checks can be taken atomically: one script call
+ * is atomic only on one node, which in Redis Cluster means one hash slot, so
+ * every subject must have the same hash tag. Called before anything is
+ * charged, with 1 to GROUP_MAX_CHECKS checks.
  */
-RL_SQL_FUNCTION(rl_consume_all)
+void
+group_check(const DecisionRequest *requests, int count)
 {
-	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	Datum	   *policies;
-	Datum	   *subjects;
-	Datum	   *costs = NULL;
-	MultiCall	call;
 	StringInfoData first_tag;
 	StringInfoData tag;
-	int64		denied_for_ms;
 
-	call.count = multi_array(fcinfo, 0, TEXTOID, "policies", &policies);
-	if (multi_array(fcinfo, 1, TEXTOID, "subjects", &subjects) != call.count ||
-		(!PG_ARGISNULL(2) && multi_array(fcinfo, 2, INT8OID, "costs", &costs) != call.count))
-		ereport(ERROR,
-				(errhidestmt(true),
-				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("policies, subjects and costs must have the same number of elements")));
-	if (call.count < 1 || call.count > MULTI_MAX_CHECKS)
-		ereport(ERROR,
-				(errhidestmt(true),
-				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("rl_consume_all takes 1 to %d checks", MULTI_MAX_CHECKS)));
-
-	call.requests = palloc0(call.count * sizeof(DecisionRequest));
-	call.decisions = palloc0(call.count * sizeof(Decision));
-	call.fixed = palloc0(call.count * sizeof(bool));
-	call.asked = 0;
+	Assert(count >= 1 && count <= GROUP_MAX_CHECKS);
 	initStringInfo(&first_tag);
 	initStringInfo(&tag);
-	for (int i = 0; i < call.count; i++)
+	subject_hash_tag(&first_tag, requests[0].subject, requests[0].length);
+	for (int i = 1; i < count; i++)
 	{
-		text	   *subject = DatumGetTextPP(subjects[i]);
-		DecisionRequest *request = &call.requests[i];
-		Decision   *decision = &call.decisions[i];
-
-		decision_request_check(fcinfo->flinfo->fn_oid, TextDatumGetCString(policies[i]),
-							   VARDATA_ANY(subject), VARSIZE_ANY_EXHDR(subject), request);
-		decision_request_cost(request, BUCKET_TAKE, costs ? DatumGetInt64(costs[i]) : 1);
-
-		/* One atomic script needs one Redis Cluster slot: one hash tag. */
 		resetStringInfo(&tag);
-		subject_hash_tag(&tag, request->subject, request->length);
-		if (i == 0)
-			appendStringInfoString(&first_tag, tag.data);
-		else if (strcmp(tag.data, first_tag.data) != 0)
+		subject_hash_tag(&tag, requests[i].subject, requests[i].length);
+		if (strcmp(tag.data, first_tag.data) != 0)
 			ereport(ERROR,
 					(errhidestmt(true),
 					 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -314,50 +262,49 @@ RL_SQL_FUNCTION(rl_consume_all)
 					 errdetail("Check %d has another hash tag than check 1, so no single Redis node could take them atomically.",
 							   i + 1),
 					 errhint("Write related subjects as 'tenant/user': the part before the '/' is the hash tag.")));
-
-		decision_init(&request->policy, decision);
 	}
+	pfree(first_tag.data);
+	pfree(tag.data);
+}
 
-	/* Checked before anything is charged: a context that takes no set fails here. */
-	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
-	/*
-	 * A check decided without a bucket (disabled policy, 'allow' or 'deny'
-	 * override) is not sent to Redis. An enforced 'deny' denies the whole
-	 * group without asking Redis: every check then waits as long as it.
-	 */
-	denied_for_ms = -1;
-	for (int i = 0; i < call.count; i++)
+/*
+ * Decides count checked take requests (see group_check) into decisions, all
+ * granted or none charged. A check decided without a bucket (a disabled
+ * policy, an 'allow' or 'deny' override) is not sent to Redis; an enforced
+ * 'deny' denies the whole group without asking Redis, every check then
+ * waiting as long as it.
+ */
+void
+group_run(DecisionRequest *requests, Decision *decisions, int count)
+{
+	Group		group = {.count = count,.requests = requests,.decisions = decisions};
+	int64	   *costs = palloc(count * sizeof(int64));
+	int64		denied_for_ms = -1;
+
+	group.fixed = palloc0(count * sizeof(bool));
+	for (int i = 0; i < count; i++)
 	{
-		const Policy *policy = &call.requests[i].policy;
+		const Policy *policy = &requests[i].policy;
 
-		call.fixed[i] = decision_fixed(policy, &call.decisions[i]);
-		if (!call.fixed[i])
-			call.asked++;
-		else if (!call.decisions[i].allowed && policy->mode == POLICY_MODE_ENFORCE)
-			denied_for_ms = Max(denied_for_ms, call.decisions[i].retry_after_ms);
+		costs[i] = requests[i].cost;
+		decision_init(policy, &decisions[i]);
+		group.fixed[i] = decision_fixed(policy, &decisions[i]);
+		if (!group.fixed[i])
+			group.asked++;
+		else if (!decisions[i].allowed && policy->mode == POLICY_MODE_ENFORCE)
+			denied_for_ms = Max(denied_for_ms, decisions[i].retry_after_ms);
 	}
 	if (denied_for_ms >= 0)
-		multi_denied_by_override(&call, denied_for_ms);
+		group_denied_by_override(&group, denied_for_ms);
 	else
-		multi_decide(&call);
-	for (int i = 0; i < call.count; i++)
+		group_decide(&group);
+	for (int i = 0; i < count; i++)
 	{
-		Decision   *decision = &call.decisions[i];
-
 		/* Fixed answers stand (a failing group may have denied them too); shadow lets a denial through. */
-		if (call.fixed[i])
-			(void) decision_fixed(&call.requests[i].policy, decision);
-		decision_shadow(&call.requests[i].policy, decision);
-		decision_observe(&call.requests[i], decision, costs ? DatumGetInt64(costs[i]) : 1);
+		if (group.fixed[i])
+			(void) decision_fixed(&requests[i].policy, &decisions[i]);
+		decision_shadow(&requests[i].policy, &decisions[i]);
+		requests[i].cost = costs[i];
+		engine_observe_decision(&requests[i], &decisions[i], costs[i]);
 	}
-
-	for (int i = 0; i < call.count; i++)
-	{
-		Datum		values[8];
-		bool		nulls[8] = {0};
-
-		decision_to_values(&call.decisions[i], values);
-		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-	}
-	return (Datum) 0;
 }

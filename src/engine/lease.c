@@ -5,7 +5,7 @@
  *
  * A 'concurrency' policy limits how many holders a subject has at once (exports
  * running, connections open) rather than how often. rl_acquire takes a lease
- * in Redis (lua/concurrency.lua: a sorted set of lease ids scored by expiry),
+ * in Redis (lua/concurrency/: a sorted set of lease ids scored by expiry),
  * and the lease goes back when its transaction ends (the default), when its
  * session ends (scope 'session'), or at rl_release. A lease also expires by
  * itself after the policy's idle_ttl, so one whose backend died (SIGKILL, a
@@ -19,17 +19,17 @@
  * 'open' policies allow (holding no lease) and the others deny: a lease cannot
  * be counted anywhere else.
  */
-#include "ratelimit.h"
+#include "prelude.h"
 
-#include "utils/builtins.h"
 #include "utils/memutils.h"
 
-#include "breaker.h"
-#include "lease.h"
-#include "ledger.h"
-#include "log_privacy.h"
+#include "base/clock.h"
+#include "engine/lease.h"
+#include "engine/ledger.h"
+#include "engine/observer.h"
+#include "policy/subject.h"
+#include "redis/breaker.h"
 #include "scripts.h"
-#include "subject.h"
 
 typedef struct Lease
 {
@@ -40,77 +40,74 @@ typedef struct Lease
 	Policy		policy;
 } Lease;
 
-static RedisScript concurrency_script = {
-	.name = "concurrency",
-	.body = script_concurrency,
-};
+/* The concurrency scripts (lua/concurrency/), one per operation. */
+static const RedisScript concurrency_acquire = REDIS_SCRIPT("concurrency/acquire", script_concurrency_acquire);
+static const RedisScript concurrency_release = REDIS_SCRIPT("concurrency/release", script_concurrency_release);
+static const RedisScript concurrency_peek = REDIS_SCRIPT("concurrency/peek", script_concurrency_peek);
 
-/* One call of the concurrency script, for breaker_call. */
+/* One call of a concurrency script, for breaker_call. */
 typedef struct LeaseCall
 {
-	const Policy *policy;
-	const char *key;
-	const char *id;
-	const char *mode;			/* "acquire", "release" or "peek" */
+	RedisCall	call;
 	Decision   *decision;
 } LeaseCall;
 
 /*
- * Fills call with the concurrency script on key in mode for lease id,
- * allocated in the current memory context.
+ * Fills call with script on key for lease id (empty for a peek): ARGV the
+ * clock, the capacity, the lease TTL and the id; allocated in the current
+ * memory context.
  */
 static void
-lease_script_call(const Policy *policy, const char *key, const char *id, const char *mode,
+lease_script_call(const RedisScript *script, const Policy *policy, const char *key, const char *id,
 				  RedisCall *call)
 {
 	const char **keys = palloc(sizeof(char *));
-	const char **args = palloc(5 * sizeof(char *));
+	const char **args = palloc(4 * sizeof(char *));
 
 	keys[0] = key;
-	args[0] = psprintf(INT64_FORMAT, policy->bucket.capacity);
-	args[1] = psprintf(INT64_FORMAT, policy->bucket.ttl_ms);
-	args[2] = id;
-	args[3] = rl_test_clock_ms ? rl_test_clock_ms : "";
-	args[4] = mode;
+	args[0] = clock_test_ms();
+	args[1] = psprintf(INT64_FORMAT, policy->bucket.capacity);
+	args[2] = psprintf(INT64_FORMAT, policy->bucket.ttl_ms);
+	args[3] = id;
 	memset(call, 0, sizeof(*call));
-	call->script = &concurrency_script;
+	call->script = script;
 	call->nkeys = 1;
 	call->keys = keys;
-	call->nargs = 5;
+	call->nargs = 4;
 	call->args = args;
 	call->nresults = 4;
 	call->results = palloc(4 * sizeof(long long));
 }
 
-/* Runs the concurrency script; true with the decision filled when Redis answered. */
+/* Runs a concurrency script; true with the decision filled when Redis answered. */
 static bool
 lease_call_redis(void *arg, RedisFailure *failure)
 {
 	LeaseCall  *lease = arg;
-	RedisCall	call;
 
-	lease_script_call(lease->policy, lease->key, lease->id, lease->mode, &call);
-	if (!redis_run_scripts(&call, 1, 0, failure))
+	if (!redis_run_scripts(&lease->call, 1, 0, failure))
 		return false;
-	*failure = call.failure;
-	return call.answered && decision_from_reply(call.results, lease->decision, failure);
+	*failure = lease->call.failure;
+	return lease->call.answered && decision_from_reply(lease->call.results, lease->decision, failure);
 }
 
 /*
- * Runs the concurrency script on key in mode, unless the breaker skips Redis.
- * True with decision filled when Redis answered. Otherwise, when unsure is
- * given, it says whether Redis may have run the script all the same (the
- * request went out, and no answer or an error came back).
+ * Runs script on key for lease id, unless the breaker skips Redis. True with
+ * decision filled when Redis answered. Otherwise, when unsure is given, it
+ * says whether Redis may have run the script all the same (the request went
+ * out, and no answer or an error came back).
  */
 static bool
-lease_call(const Policy *policy, const char *key, const char *id, const char *mode,
+lease_call(const RedisScript *script, const Policy *policy, const char *key, const char *id,
 		   Decision *decision, bool *unsure)
 {
-	LeaseCall	call = {.policy = policy,.key = key,.id = id,.mode = mode,.decision = decision};
+	LeaseCall	call = {.decision = decision};
 	RedisFailure failure;
-	bool		answered = breaker_call(lease_call_redis, &call, &failure);
+	bool		answered;
 
-	decision_note_redis(policy, answered, &failure);
+	lease_script_call(script, policy, key, id, &call.call);
+	answered = breaker_call(lease_call_redis, &call, &failure);
+	engine_observe_redis(policy, answered, &failure, call.call.round_trip_us);
 	/* An error reply counts too: what a failing script wrote stays in Redis. */
 	if (unsure != NULL)
 		*unsure = !answered && failure.maybe_ran;
@@ -129,7 +126,7 @@ lease_prepare_call(LedgerEntry *entry, RedisCall *call)
 {
 	Lease	   *lease = (Lease *) entry;
 
-	lease_script_call(&lease->policy, lease->key, lease->id, "release", call);
+	lease_script_call(&concurrency_release, &lease->policy, lease->key, lease->id, call);
 }
 
 static const char *
@@ -192,19 +189,17 @@ lease_peek(const DecisionRequest *request, Decision *decision)
 	{
 		char	   *key = lease_key(request);
 
-		if (!lease_call(&request->policy, key, "", "peek", decision, NULL))
+		if (!lease_call(&concurrency_peek, &request->policy, key, "", decision, NULL))
 			lease_fail_mode(&request->policy, decision);
 		pfree(key);
 	}
 	decision_shadow(&request->policy, decision);
 }
 
-/* Checks the arguments of rl_acquire or rl_release into request: a concurrency policy. */
-static void
-lease_request_init(FunctionCallInfo fcinfo, DecisionRequest *request)
+/* Raises an error unless policy is a concurrency policy: only those have leases. */
+void
+lease_check_policy(const Policy *policy)
 {
-	const Policy *policy = decision_policy_subject(fcinfo, request);
-
 	if (policy->algorithm != ALGORITHM_CONCURRENCY)
 		ereport(ERROR,
 				(errhidestmt(true),
@@ -214,41 +209,25 @@ lease_request_init(FunctionCallInfo fcinfo, DecisionRequest *request)
 }
 
 /*
- * rl_acquire(policy, subject, scope DEFAULT 'transaction'): takes one lease,
- * released when the transaction (or, with 'session', the session) ends.
+ * Takes one lease for a checked request of a concurrency policy (see
+ * lease_check_policy), released when the transaction (or, with session, the
+ * session) ends.
  */
-RL_SQL_FUNCTION(rl_acquire)
+void
+lease_acquire(const DecisionRequest *request, bool session, Decision *decision)
 {
-	DecisionRequest request;
-	Decision	decision;
-	char	   *scope;
-	bool		session;
 	Lease	   *lease;
 	char	   *id;
 	MemoryContext old_context;
 	bool		unsure;
 
-	lease_request_init(fcinfo, &request);
-	if (PG_ARGISNULL(2))
-		ereport(ERROR,
-				(errhidestmt(true),
-				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("scope must not be null")));
-	scope = text_to_cstring(PG_GETARG_TEXT_PP(2));
-	if (strcmp(scope, "transaction") != 0 && strcmp(scope, "session") != 0)
-		ereport(ERROR,
-				(errhidestmt(true),
-				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("scope must be 'transaction' or 'session'")));
-	session = strcmp(scope, "session") == 0;
-
 	/* A disabled policy or an 'allow' or 'deny' subject takes no lease. */
-	decision_init(&request.policy, &decision);
-	if (decision_fixed(&request.policy, &decision))
+	decision_init(&request->policy, decision);
+	if (decision_fixed(&request->policy, decision))
 	{
-		decision_shadow(&request.policy, &decision);
-		decision_observe(&request, &decision, 1);
-		return decision_to_datum(fcinfo, &decision);
+		decision_shadow(&request->policy, decision);
+		engine_observe_decision(request, decision, 1);
+		return;
 	}
 
 	/*
@@ -258,25 +237,25 @@ RL_SQL_FUNCTION(rl_acquire)
 	 */
 	lease = (Lease *) ledger_add(&lease_ops, sizeof(Lease), session, true);
 	old_context = MemoryContextSwitchTo(ledger_memory());
-	lease->key = lease_key(&request);
-	lease->subject = pnstrdup(request.subject, request.length);
-	id = rl_unique_id();
+	lease->key = lease_key(request);
+	lease->subject = pnstrdup(request->subject, request->length);
+	id = clock_unique_id();
 	strlcpy(lease->id, id, sizeof(lease->id));
 	pfree(id);
-	lease->policy = request.policy;
+	lease->policy = request->policy;
 	MemoryContextSwitchTo(old_context);
 
-	if (!lease_call(&request.policy, lease->key, lease->id, "acquire", &decision, &unsure))
+	if (!lease_call(&concurrency_acquire, &request->policy, lease->key, lease->id, decision,
+					&unsure))
 	{
-		lease_fail_mode(&request.policy, &decision);
+		lease_fail_mode(&request->policy, decision);
 		if (!unsure)
 			ledger_forget(&lease->entry);	/* Redis was not asked, or refused the connection */
 	}
-	else if (!decision.allowed)
+	else if (!decision->allowed)
 		ledger_forget(&lease->entry);	/* Redis said no: nothing was taken */
-	decision_shadow(&request.policy, &decision);
-	decision_observe(&request, &decision, 1);
-	return decision_to_datum(fcinfo, &decision);
+	decision_shadow(&request->policy, decision);
+	engine_observe_decision(request, decision, 1);
 }
 
 /* A held lease of a policy and a subject, for ledger_find_last. */
@@ -297,28 +276,28 @@ lease_matches(const LedgerEntry *entry, void *arg)
 }
 
 /*
- * rl_release(policy, subject): gives back the latest lease this session holds
- * for them (whatever version of the policy took it). True when a lease was
+ * Gives back the latest lease this session holds for request's policy and
+ * subject (whatever version of the policy took it). True when a lease was
  * released in Redis; one Redis did not answer for stays listed, to be
  * released again when its transaction or session ends.
  */
-RL_SQL_FUNCTION(rl_release)
+bool
+lease_release(const DecisionRequest *request)
 {
-	DecisionRequest request;
 	LeaseMatch	match;
 	Lease	   *found;
 	Decision	decision;
 	bool		answered = false;
 
-	lease_request_init(fcinfo, &request);
-	match.policy = request.policy.name;
-	match.subject = pnstrdup(request.subject, request.length);
+	match.policy = request->policy.name;
+	match.subject = pnstrdup(request->subject, request->length);
 	found = (Lease *) ledger_find_last(lease_matches, &match);
 	if (found != NULL)
 	{
-		answered = lease_call(&found->policy, found->key, found->id, "release", &decision, NULL);
+		answered = lease_call(&concurrency_release, &found->policy, found->key, found->id,
+							  &decision, NULL);
 		if (answered)
 			ledger_forget(&found->entry);
 	}
-	PG_RETURN_BOOL(answered && decision.allowed);
+	return answered && decision.allowed;
 }

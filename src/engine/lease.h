@@ -6,8 +6,11 @@
 #ifndef RL_LEASE_H
 #define RL_LEASE_H
 
-#include "decision.h"
+#include "engine/decision.h"
 
+extern void lease_check_policy(const Policy *policy);
+extern void lease_acquire(const DecisionRequest *request, bool session, Decision *decision);
+extern bool lease_release(const DecisionRequest *request);
 extern void lease_peek(const DecisionRequest *request, Decision *decision);
 
 #endif							/* RL_LEASE_H */

@@ -19,7 +19,7 @@
  * subject), and is lost. A lost refund can only deny more later, never grant
  * more; a lost release expires by the lease's TTL.
  */
-#include "ratelimit.h"
+#include "prelude.h"
 
 #include "access/xact.h"
 #include "miscadmin.h"
@@ -27,10 +27,13 @@
 #include "storage/ipc.h"
 #include "utils/memutils.h"
 
-#include "breaker.h"
-#include "ledger.h"
-#include "log_limit.h"
-#include "stats.h"
+#include "base/clock.h"
+#include "base/log_limit.h"
+#include "engine/ledger.h"
+#include "engine/observer.h"
+#include "redis/breaker.h"
+#include "redis/deadline.h"
+#include "redis/url.h"
 
 /* The most policies a log line names; the rest are counted. */
 #define LEDGER_LOG_POLICIES 5
@@ -106,7 +109,7 @@ ledger_add(const LedgerOps *ops, Size size, bool session, bool ends_with_commit)
 	entry->subxact = GetCurrentSubTransactionId();
 	entry->session = session;
 	entry->ends_with_commit = ends_with_commit;
-	entry->redis_url = pstrdup(rl_redis_url ? rl_redis_url : "");
+	entry->redis_url = pstrdup(redis_url_current());
 	entries = lappend(entries, entry);
 	MemoryContextSwitchTo(old_context);
 	if (!exit_callback_registered)
@@ -207,7 +210,7 @@ losses_log(const LedgerLoss *losses)
 		int64		held_back;
 
 		/* Under a long outage every transaction end loses some: one line per retry_interval. */
-		if (!log_limit_allow(line_class, &held_back))
+		if (!log_limit_allow(line_class, breaker_retry_interval_ms, &held_back))
 			continue;
 		initStringInfo(&policies);
 		for (int i = 0; i < loss->npolicies; i++)
@@ -273,7 +276,7 @@ ledger_settle(List *due, bool exiting)
 	int			count = list_length(due);
 	RedisCall  *calls = palloc0(count * sizeof(RedisCall));
 	LedgerEntry **asked = palloc(count * sizeof(LedgerEntry *));
-	const char *url = rl_redis_url ? rl_redis_url : "";
+	const char *url = redis_url_current();
 	LedgerLoss *found = NULL;
 	ListCell   *cell;
 	int			n = 0;
@@ -295,11 +298,12 @@ ledger_settle(List *due, bool exiting)
 	if (n > 0)
 	{
 		int			timeout_ms = exiting ?
-			Min(rl_command_timeout_ms, breaker_server_command_timeout_ms()) : rl_command_timeout_ms;
+			Min(deadline_command_timeout_ms, deadline_server_command_timeout_ms()) :
+			deadline_command_timeout_ms;
 		LedgerBatch batch = {
 			.calls = calls,
 			.ncalls = n,
-			.deadline = rl_monotonic_us() + (int64) timeout_ms * 1000,
+			.deadline = clock_monotonic_us() + (int64) timeout_ms * 1000,
 		};
 		RedisFailure failure;
 
@@ -309,7 +313,8 @@ ledger_settle(List *due, bool exiting)
 			const RedisFailure *why = calls[i].answered ? &calls[i].failure :
 				calls[i].failure.kind != REDIS_FAILURE_NONE ? &calls[i].failure : &failure;
 
-			stats_redis(asked[i]->ops->policy_name(asked[i]), calls[i].answered, why);
+			engine_observe_settle(asked[i]->ops->policy_name(asked[i]), calls[i].answered, why,
+								  calls[i].round_trip_us);
 			if (!calls[i].answered)
 				loss_add(&found, asked[i], loss_reason(why), why->maybe_ran &&
 						 why->kind != REDIS_FAILURE_REPLY && why->kind != REDIS_FAILURE_PERMISSION);
@@ -343,7 +348,8 @@ ledger_fate(const LedgerEntry *entry, LedgerMoment moment, SubTransactionId from
 /*
  * Settles or forgets the entries that end at moment; keeps the others. Raises
  * nothing: this runs inside commit and abort processing. Forgetting allocates
- * nothing, so that what commit does after the commit record cannot fail;
+ * nothing (a commit settles nothing), so that what commit does after the
+ * commit record cannot fail;
  * anything that can fail (an out-of-memory, a wait event set that cannot be
  * made) is caught, logged, and ends the settling, with interrupts held and the
  * hold-off counts as they were.
@@ -366,27 +372,43 @@ ledger_close(LedgerMoment moment, SubTransactionId from)
 	PG_TRY();
 	{
 		ListCell   *cell;
+		int			kept = 0;
 
+		/* First the list of what is due, which allocates: an error here takes nothing off. */
+		foreach(cell, entries)
+		{
+			if (ledger_fate(lfirst(cell), moment, from) != LEDGER_SETTLE)
+				continue;
+			if (context == NULL)
+				context = AllocSetContextCreate(TopMemoryContext, "ratelimit settlement",
+												ALLOCSET_DEFAULT_SIZES);
+			MemoryContextSwitchTo(context);
+			due = lappend(due, lfirst(cell));
+			MemoryContextSwitchTo(caller_context);
+		}
+
+		/*
+		 * Then everything that ends is taken off in one pass, the entries kept
+		 * moving to the front: deleting one cell at a time would shift a long
+		 * ledger once per entry.
+		 */
 		foreach(cell, entries)
 		{
 			LedgerEntry *entry = lfirst(cell);
 			LedgerFate	fate = ledger_fate(entry, moment, from);
 
 			if (fate == LEDGER_KEEP)
-				continue;
-			entries = foreach_delete_current(entries, cell);
-			if (fate == LEDGER_FORGET)
+				lfirst(list_nth_cell(entries, kept++)) = entry;
+			else if (fate == LEDGER_FORGET)
 				ledger_free(entry);
-			else
-			{
-				if (context == NULL)
-					context = AllocSetContextCreate(TopMemoryContext, "ratelimit settlement",
-													ALLOCSET_DEFAULT_SIZES);
-				MemoryContextSwitchTo(context);
-				due = lappend(due, entry);
-				MemoryContextSwitchTo(caller_context);
-			}
 		}
+		if (kept == 0)
+		{
+			list_free(entries);
+			entries = NIL;
+		}
+		else
+			entries = list_truncate(entries, kept);
 		if (due != NIL)
 		{
 			MemoryContextSwitchTo(context);

@@ -6,7 +6,7 @@
 #ifndef RL_LEDGER_H
 #define RL_LEDGER_H
 
-#include "redis.h"
+#include "redis/pipeline.h"
 
 typedef struct LedgerEntry LedgerEntry;
 

@@ -15,16 +15,16 @@
  * e-mail sent) must use rl_consume, since a caller who rolls back after the
  * effect would otherwise get the tokens back for nothing.
  */
-#include "ratelimit.h"
+#include "prelude.h"
 
 #include "access/xact.h"
 #include "utils/memutils.h"
 
-#include "decision.h"
-#include "ledger.h"
-#include "log_privacy.h"
-#include "reservation.h"
-#include "subject.h"
+#include "base/clock.h"
+#include "engine/ledger.h"
+#include "engine/reservation.h"
+#include "policy/subject.h"
+#include "redis/url.h"
 
 typedef struct Reservation
 {
@@ -96,7 +96,7 @@ reservation_remember(const DecisionRequest *request, DecisionSource source)
 	/* Rows of one statement charge one bucket again and again: one refund for them all. */
 	if (last != NULL && last->entry.ops == &reservation_ops && last->source == source &&
 		last->entry.subxact == GetCurrentSubTransactionId() &&
-		strcmp(last->entry.redis_url, rl_redis_url ? rl_redis_url : "") == 0 &&
+		strcmp(last->entry.redis_url, redis_url_current()) == 0 &&
 		strcmp(last->request.key, request->key) == 0)
 	{
 		last->request.cost = Min(last->request.cost + request->cost,
@@ -112,7 +112,7 @@ reservation_remember(const DecisionRequest *request, DecisionSource source)
 	reservation->request.subject = subject;
 	reservation->request.mode = BUCKET_REFUND;
 	reservation->request.key = pstrdup(request->key);
-	reservation->request.refund_id = rl_unique_id();
+	reservation->request.refund_id = clock_unique_id();
 	reservation->source = source;
 	MemoryContextSwitchTo(old_context);
 }
@@ -133,15 +133,4 @@ reservation_take(const DecisionRequest *request, Decision *decision)
 		(decision->source == DECISION_SOURCE_REDIS || decision->source == DECISION_SOURCE_LOCAL))
 		reservation_remember(&take, decision->source);
 	pfree(key.data);
-}
-
-/* rl_reserve(policy, subject, cost): rl_consume, refunded if its (sub)transaction rolls back. */
-RL_SQL_FUNCTION(rl_reserve)
-{
-	DecisionRequest request;
-	Decision	decision;
-
-	decision_request_init(fcinfo, BUCKET_TAKE, &request);
-	reservation_take(&request, &decision);
-	return decision_to_datum(fcinfo, &decision);
 }

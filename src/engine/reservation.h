@@ -5,7 +5,7 @@
 #ifndef RL_RESERVATION_H
 #define RL_RESERVATION_H
 
-#include "decision.h"
+#include "engine/decision.h"
 
 extern void reservation_take(const DecisionRequest *request, Decision *decision);
 

@@ -1,7 +1,7 @@
 /*
  * headers.c
- *	  A decision as HTTP: the RateLimit headers a client reads, and the error
- *	  PostgREST turns into a 429 or 503 response.
+ *	  A decision as HTTP: the RateLimit headers a client reads (rl_headers, and
+ *	  the PostgREST error of enforce.c).
  *
  * The default fields follow draft-ietf-httpapi-ratelimit-headers revision 10:
  *
@@ -14,38 +14,16 @@
  * out rather than filled with a number that no bucket said. Every value is a
  * string, and no field ever names the subject or a Redis key.
  */
-#include "ratelimit.h"
+#include "prelude.h"
 
 #include "executor/executor.h"
-#include "fmgr.h"
-#include "lib/stringinfo.h"
 #include "utils/builtins.h"
 #include "utils/json.h"
 #include "utils/jsonb.h"
 
-#include "decision.h"
-#include "headers.h"
-#include "log_privacy.h"
-#include "policy.h"
-
-/* SQLSTATE PGRST: PostgREST reads the response it asks for from the message and detail. */
-#define ERRCODE_RL_POSTGREST MAKE_SQLSTATE('P', 'G', 'R', 'S', 'T')
-
-/* The most fields one decision gets: legacy splits RateLimit into -Remaining and -Reset. */
-#define HEADERS_MAX 4
-
-typedef struct HeaderField
-{
-	const char *name;
-	char	   *value;
-} HeaderField;
-
-/* The fields of one decision, in the order they are added. */
-typedef struct HeaderSet
-{
-	int			count;
-	HeaderField fields[HEADERS_MAX];
-} HeaderSet;
+#include "base/log_privacy.h"
+#include "functions/headers.h"
+#include "policy/cache.h"
 
 /* Adds a field to set. */
 static void
@@ -140,7 +118,7 @@ add_service_limit(HeaderSet *set, const Decision *decision, int64 remaining,
  * the policy and when to retry; a 'deny' override has nothing left until it
  * expires.
  */
-static void
+void
 headers_build(Oid function_oid, const Decision *decision, bool legacy, HeaderSet *set)
 {
 	Policy		limits;
@@ -186,7 +164,7 @@ headers_to_jsonb(const HeaderSet *set)
 }
 
 /* Appends set to buf as a JSON object of header name to string value. */
-static void
+void
 headers_append_json(StringInfo buf, const HeaderSet *set)
 {
 	appendStringInfoChar(buf, '{');
@@ -199,67 +177,6 @@ headers_append_json(StringInfo buf, const HeaderSet *set)
 		escape_json(buf, set->fields[i].value);
 	}
 	appendStringInfoChar(buf, '}');
-}
-
-/* Appends ,"key":"value" (value escaped) to a JSON object being written. */
-static void
-append_json_member(StringInfo buf, const char *key, const char *value)
-{
-	appendStringInfoChar(buf, ',');
-	escape_json(buf, key);
-	appendStringInfoChar(buf, ':');
-	escape_json(buf, value);
-}
-
-/*
- * Raises the error PostgREST (v11 and later) answers with an HTTP response of
- * our choosing: SQLSTATE PGRST, the message a JSON object
- * {"code","message","details","hint"} that becomes the response body, and the
- * detail a JSON object {"status","status_text","headers"} whose headers (a map
- * of string to string) are sent as they are. See "Add HTTP Headers with RAISE",
- * https://docs.postgrest.org/en/latest/references/errors.html#raise-headers
- * (PgRaiseErrMessage and PgRaiseErrDetails in PostgREST's RaisePgrst.hs); if
- * either does not parse, PostgREST answers 500 with PGRST121.
- *
- * The code, message and hint are rl_enforce's own: RL429 for a quota denial,
- * RL503 when Redis could not answer and the policy fails closed. Never the
- * subject or a Redis key. function_oid is the calling SQL function.
- */
-void
-headers_raise_postgrest(Oid function_oid, const Decision *decision)
-{
-	DecisionDenial denial;
-	bool		unavailable;
-	HeaderSet	set;
-	StringInfoData message;
-	StringInfoData detail;
-
-	headers_build(function_oid, decision, false, &set);
-	decision_denial(decision, &denial);
-	unavailable = denial.unavailable;
-
-	initStringInfo(&message);
-	appendStringInfoString(&message, "{\"code\":");
-	escape_json(&message, unavailable ? "RL503" : "RL429");
-	append_json_member(&message, "message", denial.message);
-	append_json_member(&message, "details", denial.detail);
-	append_json_member(&message, "hint", denial.hint);
-	appendStringInfoChar(&message, '}');
-
-	initStringInfo(&detail);
-	appendStringInfo(&detail, "{\"status\":%d", unavailable ? 503 : 429);
-	append_json_member(&detail, "status_text",
-					   unavailable ? "Service Unavailable" : "Too Many Requests");
-	appendStringInfoString(&detail, ",\"headers\":");
-	headers_append_json(&detail, &set);
-	appendStringInfoChar(&detail, '}');
-
-	/* _internal: JSON for a program to read, never to be translated. */
-	ereport(ERROR,
-			(errhidestmt(true),
-			 errcode(ERRCODE_RL_POSTGREST),
-			 errmsg_internal("%s", message.data),
-			 errdetail_internal("%s", detail.data)));
 }
 
 /* The value of attribute name of row; NULL is refused like a NULL argument. */

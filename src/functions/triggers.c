@@ -1,6 +1,10 @@
 /*
- * trigger.c
- *	  rl_limit_trigger: a trigger that charges a policy for the rows written.
+ * triggers.c
+ *	  The extension's trigger functions: rl_limit_trigger, which charges a
+ *	  policy for the rows written, and the triggers of its own tables
+ *	  (rl_policy_invalidate, rl_history_restored).
+ *
+ * rl_limit_trigger:
  *
  *   CREATE TRIGGER ... BEFORE INSERT ... FOR EACH ROW
  *     EXECUTE FUNCTION rl_limit_trigger('comments.create', 'tenant_id' [, 'cost_column']);
@@ -10,7 +14,7 @@
  * INSERT or COPY once per subject, with the sum of its rows. Charges are
  * reservations: if the statement or transaction fails, they are given back.
  */
-#include "ratelimit.h"
+#include "prelude.h"
 
 #include "access/htup_details.h"
 #include "common/int.h"
@@ -20,13 +24,15 @@
 #include "executor/spi.h"
 #include "utils/builtins.h"
 #include "utils/hsearch.h"
+#include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
 #include "utils/tuplestore.h"
 
-#include "decision.h"
-#include "log_privacy.h"
-#include "reservation.h"
+#include "base/log_privacy.h"
+#include "engine/reservation.h"
+#include "functions/enforce.h"
+#include "policy/cache.h"
 
 /* One subject's total in a statement-level charge. */
 typedef struct SubjectTotal
@@ -114,8 +120,7 @@ charge_subject(FunctionCallInfo fcinfo, const TriggerArgs *args, const char *sub
 	DecisionRequest request;
 	Decision	decision;
 
-	decision_request_check(fcinfo->flinfo->fn_oid, args->policy, subject, strlen(subject),
-						   &request);
+	request_check(fcinfo->flinfo->fn_oid, args->policy, subject, strlen(subject), &request);
 	/* An 'allow' or 'deny' subject, or a disabled policy, counts nothing: no bucket is asked. */
 	if (decision_needs_no_bucket(&request.policy))
 		cost = Min(cost, request.policy.bucket.capacity);
@@ -126,9 +131,9 @@ charge_subject(FunctionCallInfo fcinfo, const TriggerArgs *args, const char *sub
 				 errmsg("rate limit exceeded for policy \"%s\"", request.policy.name),
 				 errdetail("The write needs " INT64_FORMAT " tokens for one subject; the policy holds at most " INT64_FORMAT ".",
 						   cost, request.policy.bucket.capacity)));
-	decision_request_cost(&request, BUCKET_TAKE, cost);
+	request_cost(&request, BUCKET_TAKE, cost);
 	reservation_take(&request, &decision);
-	decision_enforce(fcinfo->flinfo->fn_oid, &decision);
+	enforce(fcinfo->flinfo->fn_oid, &decision);
 }
 
 /* Statement level: one charge per subject, for the sum of its rows in the new rows. */
@@ -234,4 +239,36 @@ RL_SQL_FUNCTION(rl_limit_trigger)
 		pfree(subject);
 	}
 	return TRIGGER_FIRED_BEFORE(trigdata->tg_event) ? PointerGetDatum(tuple) : PointerGetDatum(NULL);
+}
+
+PG_FUNCTION_INFO_V1(rl_policy_invalidate);
+
+/* Statement trigger on rl_policy: every backend drops its cache once this commits. */
+Datum
+rl_policy_invalidate(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("rl_policy_invalidate must be called as a trigger")));
+	CacheInvalidateRelcacheByRelid(RelationGetRelid(trigdata->tg_relation));
+	policy_cache_changed();
+	PG_RETURN_POINTER(NULL);
+}
+
+PG_FUNCTION_INFO_V1(rl_history_restored);
+
+/*
+ * rl_history_restored(key, mark): for the history triggers. With mark, notes
+ * that a row with key was inserted by a restore (rl_inserted_version kept its
+ * version while the history was empty) and returns true; without, returns
+ * whether that row was noted, and forgets it. A row of the restore is then
+ * not recorded again: the restored history holds it.
+ */
+Datum
+rl_history_restored(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_BOOL(policy_restored_row(text_to_cstring(PG_GETARG_TEXT_PP(0)), PG_GETARG_BOOL(1)));
 }

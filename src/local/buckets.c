@@ -1,5 +1,5 @@
 /*
- * local.c
+ * buckets.c
  *	  Emergency token buckets in shared memory, for fail_mode 'local'.
  *
  * While Redis cannot answer, a 'local' policy decides from a bucket that every
@@ -13,14 +13,15 @@
  * Two subjects whose 64-bit hashes collide share a bucket, which can only deny
  * more, never grant more.
  */
-#include "ratelimit.h"
+#include "prelude.h"
 
 #include "miscadmin.h"
 #include "port/atomics.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
+#include "utils/guc.h"
 
-#include "local.h"
+#include "local/buckets.h"
 
 #define LOCAL_PARTITIONS 16
 #define LOCAL_PROBES 8
@@ -43,7 +44,7 @@ typedef struct LocalTable
 	LocalSlot	slots[FLEXIBLE_ARRAY_MEMBER];
 } LocalTable;
 
-int			rl_local_buckets = 10000;
+static int	local_buckets_setting = 10000;
 
 static LocalTable *table = NULL;
 static LWLockPadded *locks = NULL;
@@ -52,7 +53,22 @@ static LWLockPadded *locks = NULL;
 static int
 slots_per_partition(void)
 {
-	return Max((rl_local_buckets + LOCAL_PARTITIONS - 1) / LOCAL_PARTITIONS, LOCAL_PROBES);
+	return Max((local_buckets_setting + LOCAL_PARTITIONS - 1) / LOCAL_PARTITIONS, LOCAL_PROBES);
+}
+
+/*
+ * Defines ratelimit.local_buckets, which sizes the shared table: only when
+ * preloaded, since only then is there a table.
+ */
+void
+local_init(bool preloaded)
+{
+	if (!preloaded)
+		return;
+	DefineCustomIntVariable("ratelimit.local_buckets",
+							"Slots for local fallback buckets in shared memory.",
+							NULL, &local_buckets_setting, 10000, 128, 10 * 1000 * 1000,
+							PGC_POSTMASTER, 0, NULL, NULL, NULL);
 }
 
 /* Shared memory the table needs. */

@@ -1,14 +1,13 @@
 /*
- * local.h
+ * buckets.h
  *	  Emergency token buckets in shared memory, for fail_mode 'local'.
  */
-#ifndef RL_LOCAL_H
-#define RL_LOCAL_H
+#ifndef RL_LOCAL_BUCKETS_H
+#define RL_LOCAL_BUCKETS_H
 
-#include "bucket.h"
+#include "algorithm/token_bucket.h"
 
-extern int	rl_local_buckets;
-
+extern void local_init(bool preloaded);
 extern Size local_shmem_size(void);
 extern void local_shmem_request(void);
 extern void local_shmem_init(void);
@@ -17,4 +16,4 @@ extern void local_apply(const BucketParams *params, uint64 key, int64 now_ms,
 						int64 cost, BucketMode mode, BucketResult *result);
 extern void local_usage(int *in_use, int *slots);
 
-#endif							/* RL_LOCAL_H */
+#endif							/* RL_LOCAL_BUCKETS_H */

@@ -5,8 +5,9 @@
 #ifndef RL_DECISION_LOG_H
 #define RL_DECISION_LOG_H
 
-#include "decision.h"
+#include "engine/decision.h"
 
+extern void decision_log_init(void);
 extern void decision_log(const Decision *decision, int64 cost, const char *subject, int length);
 
 #endif							/* RL_DECISION_LOG_H */

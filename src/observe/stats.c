@@ -13,32 +13,25 @@
  * microseconds (resolution within 25%), from which p50 and p99 are read as the
  * upper bound of the bucket that holds them, capped at the largest seen.
  */
-#include "ratelimit.h"
+#include "prelude.h"
 
 #include <math.h>
 
-#include "access/htup_details.h"
-#include "fmgr.h"
-#include "funcapi.h"
 #include "miscadmin.h"
 #include "port/atomics.h"
 #include "port/pg_bitutils.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
-#include "utils/builtins.h"
+#include "utils/guc.h"
 #include "utils/hsearch.h"
-#include "utils/jsonb.h"
+#include "utils/memutils.h"
 #include "utils/timestamp.h"
 
-#include "decision.h"
-#include "log_privacy.h"
-#include "redis.h"
-#include "stats.h"
+#include "observe/stats.h"
 
-/* Buckets of the round-trip histogram: 0-3 µs exactly, then four per power of two. */
-#define STATS_LATENCY_OCTAVES 30	/* up to 2^30 µs, about 18 minutes */
-#define STATS_LATENCY_BUCKETS (4 * (STATS_LATENCY_OCTAVES - 1))
+static bool track_stats = true;
+static int	stats_policies = 1000;
 
 /* The counters of an entry. */
 typedef enum StatsCounter
@@ -86,12 +79,29 @@ typedef struct StatsLocal
 
 static HTAB *stats_local = NULL;
 
+/*
+ * Defines ratelimit.track_stats, and when preloading (the counters live in
+ * shared memory) ratelimit.stats_policies, which sizes them.
+ */
+void
+stats_init(bool preloaded)
+{
+	DefineCustomBoolVariable("ratelimit.track_stats",
+							 "Count decisions and Redis calls in rl_stats (needs shared_preload_libraries).",
+							 NULL, &track_stats, true, PGC_SUSET, 0, NULL, NULL, NULL);
+	if (preloaded)
+		DefineCustomIntVariable("ratelimit.stats_policies",
+								"Policies (of all databases together) that rl_stats counts apart; the rest are counted as one.",
+								NULL, &stats_policies, 1000, 16, 1000 * 1000,
+								PGC_POSTMASTER, 0, NULL, NULL, NULL);
+}
+
 /* Shared memory for the entries, requested from _PG_init's hook. */
 Size
 stats_shmem_size(void)
 {
 	return add_size(MAXALIGN(sizeof(StatsShared)),
-					hash_estimate_size(rl_stats_policies + 1, sizeof(StatsEntry)));
+					hash_estimate_size(stats_policies + 1, sizeof(StatsEntry)));
 }
 
 void
@@ -122,8 +132,8 @@ stats_shmem_init(void)
 	stats_shared = ShmemInitStruct("ratelimit stats", sizeof(StatsShared), &found);
 	hashctl.keysize = sizeof(StatsKey);
 	hashctl.entrysize = sizeof(StatsEntry);
-	stats_hash = ShmemInitHash("ratelimit stats entries", rl_stats_policies + 1,
-							   rl_stats_policies + 1, &hashctl,
+	stats_hash = ShmemInitHash("ratelimit stats entries", stats_policies + 1,
+							   stats_policies + 1, &hashctl,
 							   HASH_ELEM | HASH_BLOBS | HASH_FIXED_SIZE);
 	if (!found)
 	{
@@ -192,7 +202,7 @@ count(StatsEntry *entry, StatsCounter counter, uint64 amount)
 void
 stats_decision(const Decision *decision, int64 cost)
 {
-	StatsEntry *entry = rl_track_stats ? stats_entry(decision->policy) : NULL;
+	StatsEntry *entry = track_stats ? stats_entry(decision->policy) : NULL;
 
 	if (entry == NULL)
 		return;
@@ -223,8 +233,8 @@ latency_bucket(int64 us)
 }
 
 /* The exclusive upper bound, in microseconds, of histogram bucket i. */
-static int64
-latency_bucket_limit(int i)
+int64
+stats_latency_bucket_limit(int i)
 {
 	if (i < 4)
 		return i + 1;
@@ -232,17 +242,17 @@ latency_bucket_limit(int i)
 }
 
 /*
- * Counts one Redis call made for policy: its round trip when Redis answered,
- * its failure class when not. A call the breaker skipped counts nothing.
+ * Counts one Redis call made for policy: its round trip (us, -1 for none)
+ * when Redis answered, its failure class when not. A call the breaker
+ * skipped counts nothing.
  */
 void
-stats_redis(const char *policy, bool answered, const RedisFailure *failure)
+stats_redis(const char *policy, bool answered, const RedisFailure *failure, int64 us)
 {
 	StatsEntry *entry;
 	uint64		max;
-	int64		us = redis_last_round_trip_us;
 
-	if (!rl_track_stats || (!answered && failure->kind == REDIS_FAILURE_NONE))
+	if (!track_stats || (!answered && failure->kind == REDIS_FAILURE_NONE))
 		return;
 	entry = stats_entry(policy);
 	if (entry == NULL)
@@ -271,127 +281,46 @@ stats_check_available(void)
 				 errhint("Add ratelimit to shared_preload_libraries and restart the server.")));
 }
 
-/* Milliseconds, for the view, of a microsecond figure. */
-static Datum
-ms_datum(int64 us)
+/* A snapshot of entry's counters. */
+static StatsRow *
+stats_row(const StatsEntry *entry)
 {
-	return Float8GetDatum((double) us / 1000.0);
-}
-
-/* The round trip at quantile q (0..1) of the histogram: its bucket's upper bound, at most max. */
-static int64
-latency_quantile(const uint64 *latency, uint64 total, int64 max, double q)
-{
-	uint64		rank = (uint64) ceil(q * (double) total);
-	uint64		seen = 0;
-
-	for (int i = 0; i < STATS_LATENCY_BUCKETS; i++)
-	{
-		seen += latency[i];
-		if (seen >= rank)
-			return Min(latency_bucket_limit(i), max);
-	}
-	return max;
-}
-
-/* A jsonb object of the failure classes that occurred, by name. */
-static Datum
-failures_jsonb(const uint64 *counters)
-{
-	StringInfoData json;
-	bool		first = true;
-
-	initStringInfo(&json);
-	appendStringInfoChar(&json, '{');
-	for (int kind = REDIS_FAILURE_CONFIG; kind < REDIS_FAILURE_KINDS; kind++)
-	{
-		if (counters[COUNT_FAILURE + kind] == 0)
-			continue;
-		appendStringInfo(&json, "%s\"%s\": " UINT64_FORMAT, first ? "" : ", ",
-						 redis_failure_kind_name((RedisFailureKind) kind),
-						 counters[COUNT_FAILURE + kind]);
-		first = false;
-	}
-	appendStringInfoChar(&json, '}');
-	return DirectFunctionCall1(jsonb_in, CStringGetDatum(json.data));
-}
-
-/* A jsonb array of the histogram's non-empty buckets: [{"le_ms": bound, "count": n}, ...]. */
-static Datum
-histogram_jsonb(const uint64 *latency)
-{
-	StringInfoData json;
-	bool		first = true;
-
-	initStringInfo(&json);
-	appendStringInfoChar(&json, '[');
-	for (int i = 0; i < STATS_LATENCY_BUCKETS; i++)
-	{
-		if (latency[i] == 0)
-			continue;
-		appendStringInfo(&json, "%s{\"le_ms\": %.3f, \"count\": " UINT64_FORMAT "}",
-						 first ? "" : ", ", latency_bucket_limit(i) / 1000.0, latency[i]);
-		first = false;
-	}
-	appendStringInfoChar(&json, ']');
-	return DirectFunctionCall1(jsonb_in, CStringGetDatum(json.data));
-}
-
-/* Appends entry's row (a snapshot of its counters) to the result set. */
-static void
-stats_put_row(ReturnSetInfo *rsinfo, const StatsEntry *entry)
-{
+	StatsRow   *row = palloc0(sizeof(StatsRow));
 	uint64		counters[COUNT_ALL];
-	uint64		latency[STATS_LATENCY_BUCKETS];
-	uint64		calls = 0;
-	int64		max;
-	Datum		values[19];
-	bool		nulls[19] = {0};
-	int			n = 0;
 
 	for (int i = 0; i < COUNT_ALL; i++)
 		counters[i] = pg_atomic_read_u64((pg_atomic_uint64 *) &entry->counters[i]);
+	strlcpy(row->policy, entry->key.policy, sizeof(row->policy));
+	row->allowed = counters[COUNT_ALLOWED];
+	row->denied = counters[COUNT_DENIED];
+	row->tokens = counters[COUNT_TOKENS];
+	row->shadow_denials = counters[COUNT_SHADOW_DENIALS];
+	row->redis_calls = counters[COUNT_REDIS_CALLS];
+	memcpy(row->by_source, &counters[COUNT_SOURCE], sizeof(row->by_source));
+	memcpy(row->failures, &counters[COUNT_FAILURE], sizeof(row->failures));
 	for (int i = 0; i < STATS_LATENCY_BUCKETS; i++)
 	{
-		latency[i] = pg_atomic_read_u64((pg_atomic_uint64 *) &entry->latency[i]);
-		calls += latency[i];
+		row->latency[i] = pg_atomic_read_u64((pg_atomic_uint64 *) &entry->latency[i]);
+		row->round_trips += row->latency[i];
 	}
-	max = (int64) pg_atomic_read_u64((pg_atomic_uint64 *) &entry->latency_max_us);
-
-	values[n++] = CStringGetTextDatum(entry->key.policy[0] ? entry->key.policy : "(other)");
-	values[n++] = Int64GetDatum(counters[COUNT_ALLOWED] + counters[COUNT_DENIED]);
-	values[n++] = Int64GetDatum(counters[COUNT_ALLOWED]);
-	values[n++] = Int64GetDatum(counters[COUNT_DENIED]);
-	values[n++] = Int64GetDatum(counters[COUNT_TOKENS]);
-	values[n++] = Int64GetDatum(counters[COUNT_SHADOW_DENIALS]);
-	values[n++] = Int64GetDatum(counters[COUNT_SOURCE + DECISION_SOURCE_REDIS]);
-	values[n++] = Int64GetDatum(counters[COUNT_SOURCE + DECISION_SOURCE_LOCAL]);
-	values[n++] = Int64GetDatum(counters[COUNT_SOURCE + DECISION_SOURCE_FAIL_OPEN]);
-	values[n++] = Int64GetDatum(counters[COUNT_SOURCE + DECISION_SOURCE_FAIL_CLOSED]);
-	values[n++] = Int64GetDatum(counters[COUNT_SOURCE + DECISION_SOURCE_OVERRIDE]);
-	values[n++] = Int64GetDatum(counters[COUNT_SOURCE + DECISION_SOURCE_DISABLED]);
-	values[n++] = Int64GetDatum(counters[COUNT_REDIS_CALLS]);
-	values[n++] = failures_jsonb(counters);
-	/* Without a round trip there is no latency to tell. */
-	nulls[n] = nulls[n + 1] = nulls[n + 2] = calls == 0;
-	values[n++] = ms_datum(latency_quantile(latency, calls, max, 0.50));
-	values[n++] = ms_datum(latency_quantile(latency, calls, max, 0.99));
-	values[n++] = ms_datum(max);
-	values[n++] = histogram_jsonb(latency);
-	values[n++] = TimestampTzGetDatum((TimestampTz) pg_atomic_read_u64((pg_atomic_uint64 *) &entry->reset_at));
-	Assert(n == lengthof(values));
-	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	row->latency_max_us = (int64) pg_atomic_read_u64((pg_atomic_uint64 *) &entry->latency_max_us);
+	row->reset_at = (TimestampTz) pg_atomic_read_u64((pg_atomic_uint64 *) &entry->reset_at);
+	return row;
 }
 
-/* rl_stats_read(): a row per policy of this database that decided since start, and "(other)". */
-RL_SQL_FUNCTION(rl_stats_read)
+/*
+ * Snapshots of this database's entries that decided since start, and of the
+ * one that counts the rest if it counted anything: a List of StatsRow. Raises
+ * 55000 without shared memory.
+ */
+List *
+stats_rows(void)
 {
-	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	HASH_SEQ_STATUS status;
 	StatsEntry *entry;
+	List	   *rows = NIL;
 
 	stats_check_available();
-	InitMaterializedSRF(fcinfo, 0);
 	LWLockAcquire(stats_shared->lock, LW_SHARED);
 	hash_seq_init(&status, stats_hash);
 	while ((entry = hash_seq_search(&status)) != NULL)
@@ -405,14 +334,31 @@ RL_SQL_FUNCTION(rl_stats_read)
 		}
 		else if (entry->key.database != MyDatabaseId)
 			continue;
-		stats_put_row(rsinfo, entry);
+		rows = lappend(rows, stats_row(entry));
 	}
 	LWLockRelease(stats_shared->lock);
-	return (Datum) 0;
+	return rows;
 }
 
-/* rl_stats_reset(): zeroes this database's counters (and those counted together). */
-RL_SQL_FUNCTION(rl_stats_reset)
+/* The round trip at quantile q (0..1) of row: its bucket's upper bound, at most the largest. */
+int64
+stats_latency_quantile(const StatsRow *row, double q)
+{
+	uint64		rank = (uint64) ceil(q * (double) row->round_trips);
+	uint64		seen = 0;
+
+	for (int i = 0; i < STATS_LATENCY_BUCKETS; i++)
+	{
+		seen += row->latency[i];
+		if (seen >= rank)
+			return Min(stats_latency_bucket_limit(i), row->latency_max_us);
+	}
+	return row->latency_max_us;
+}
+
+/* Zeroes this database's counters (and those counted together); 55000 without shared memory. */
+void
+stats_reset(void)
 {
 	HASH_SEQ_STATUS status;
 	StatsEntry *entry;
@@ -431,8 +377,4 @@ RL_SQL_FUNCTION(rl_stats_reset)
 			pg_atomic_write_u64(&entry->reset_at, (uint64) GetCurrentTimestamp());
 		}
 	LWLockRelease(stats_shared->lock);
-	ereport(LOG,
-			(errhidestmt(true),
-			 errmsg("ratelimit: statistics reset")));
-	PG_RETURN_VOID();
 }

@@ -1,11 +1,18 @@
 /*
  * policy.h
- *	  The per-backend cache of rl_policy and rl_override rows.
+ *	  A policy: its row of rl_policy read into the form decisions use, and the
+ *	  limits it decides under.
  */
 #ifndef RL_POLICY_H
 #define RL_POLICY_H
 
-#include "bucket.h"
+#include "access/attnum.h"
+#include "datatype/timestamp.h"
+#include "utils/hsearch.h"
+#include "utils/relcache.h"
+#include "utils/snapshot.h"
+
+#include "algorithm/token_bucket.h"
 
 typedef enum FailMode
 {
@@ -58,13 +65,13 @@ typedef struct Policy
 	int64		override_retry_ms;	/* deny: until it expires */
 } Policy;
 
-extern void policy_cache_init(void);
-extern Size policy_shmem_size(void);
-extern void policy_shmem_init(void);
-extern void policy_prepared_committed(void);
-extern const Policy *policy_lookup(Oid function_oid, const char *name);
+extern int64 policy_interval_ms(Interval *interval);
 extern const char *policy_fail_mode_name(FailMode mode);
-extern bool policy_limits(Oid function_oid, const char *name, int32 version, Policy *out);
-extern void policy_apply_override(Policy *policy, const char *subject, int length);
+extern AttrNumber policy_column(Relation rel, const char *column);
+extern void policy_local_bucket(Policy *policy, int64 capacity, int64 refill_amount,
+								int64 period_ms);
+extern void policy_load_all(HTAB *cache, Oid relid, Snapshot snapshot, uint64 installation);
+extern void policy_apply_limits(Policy *policy, int32 version, int64 capacity,
+								int64 refill_amount, int64 period_ms);
 
 #endif							/* RL_POLICY_H */

@@ -2,30 +2,35 @@
  * subject.c
  *	  Subject checks and Redis key building.
  *
- * A key is  prefix:scope:v<version>:{subject}:policy  (DESIGN principle 2),
- * or prefix:scope:v<version>:{tag}/rest:policy for a subject "tag/rest" whose
- * tag is a safe id, so that related subjects share a Redis Cluster slot.
- * The braces are a Redis Cluster hash tag, so all buckets of one subject share a
- * slot. A subject that is a safe id (letters, digits, "_", "." and "-", at most
+ * A key is  prefix:scope:v<version>[.<installation>]:{subject}:policy
+ * (docs/design.md, principle 2), or the same with {tag}/rest for a subject
+ * "tag/rest" whose tag is a safe id, so that related subjects share a Redis
+ * Cluster slot. The braces are a Redis Cluster hash tag, so all buckets of one
+ * subject share a slot. A subject that is a safe id (letters, digits, "_", "." and "-", at most
  * 64 bytes) appears as it is; anything else (e-mails, tokens, long or odd text)
  * appears only as "#" and a keyed hash, so no raw secret reaches Redis and no
  * text can inject a brace or a separator. "#" is not a safe-id character, so a
  * hashed subject never equals a plain one.
  */
-#include "ratelimit.h"
+#include "prelude.h"
 
 #include "common/hmac.h"
 #include "common/sha2.h"
 #include "miscadmin.h"
 #include "commands/dbcommands.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
 #include "utils/memutils.h"
 
-#include "secret.h"
-#include "subject.h"
+#include "base/secret.h"
+#include "policy/subject.h"
 
 /* Bytes of the HMAC-SHA256 kept in a key: 128 bits, printed as 32 hex digits. */
 #define SUBJECT_HASH_BYTES 16
+
+/* The first two segments of every key: settings that only superusers set. */
+static char *key_prefix = NULL;
+static char *key_scope = NULL;
 
 /* True when text is kept as it is in a key. */
 bool
@@ -114,8 +119,8 @@ key_scope_segment(void)
 	const char *secret;
 	bool		safe;
 
-	if (rl_key_scope != NULL && rl_key_scope[0] != '\0')
-		return rl_key_scope;
+	if (key_scope != NULL && key_scope[0] != '\0')
+		return key_scope;
 	if (database_name == NULL)
 	{
 		char	   *name = get_database_name(MyDatabaseId);
@@ -198,7 +203,7 @@ subject_build_key(StringInfo key, const Policy *policy, const char *subject, int
 {
 	int			tag = subject_tag_length(subject, length);
 
-	appendStringInfo(key, "%s:%s:v%d", rl_key_prefix, key_scope_segment(), policy->version);
+	appendStringInfo(key, "%s:%s:v%d", key_prefix, key_scope_segment(), policy->version);
 	if (policy->installation != 0)
 	{
 		appendStringInfoChar(key, '.');
@@ -214,4 +219,50 @@ subject_build_key(StringInfo key, const Policy *policy, const char *subject, int
 		append_safe(key, subject + tag + 1, length - tag - 1);
 	}
 	appendStringInfo(key, ":%s", policy->name);
+}
+
+/* Key segments must be safe ids: no separator, no brace, bounded length. */
+static bool
+check_key_segment(char **newval, void **extra, GucSource source)
+{
+	if (*newval == NULL || (*newval)[0] == '\0')
+		return true;
+	if (!subject_is_safe_id(*newval, strlen(*newval)))
+	{
+		GUC_check_errdetail("Use 1 to %d letters, digits, \"_\", \".\" or \"-\".",
+							SUBJECT_SAFE_MAX_BYTES);
+		return false;
+	}
+	return true;
+}
+
+/* The prefix may not be empty: every key starts with it. */
+static bool
+check_key_prefix(char **newval, void **extra, GucSource source)
+{
+	if (*newval == NULL || (*newval)[0] == '\0')
+	{
+		GUC_check_errdetail("The key prefix must not be empty.");
+		return false;
+	}
+	return check_key_segment(newval, extra, source);
+}
+
+/*
+ * Defines ratelimit.key_prefix and ratelimit.key_scope; called once per
+ * process from _PG_init. Superuser-only: a role that could change them would
+ * escape its limits.
+ */
+void
+subject_init(void)
+{
+	DefineCustomStringVariable("ratelimit.key_prefix",
+							   "First segment of every Redis key.",
+							   NULL, &key_prefix, "rl", PGC_SUSET, 0,
+							   check_key_prefix, NULL, NULL);
+	DefineCustomStringVariable("ratelimit.key_scope",
+							   "Second segment of every Redis key; empty means the database name.",
+							   "Servers that should share buckets use the same scope.",
+							   &key_scope, "", PGC_SUSET, 0,
+							   check_key_segment, NULL, NULL);
 }

@@ -7,11 +7,12 @@
 
 #include "lib/stringinfo.h"
 
-#include "policy.h"
+#include "policy/policy.h"
 
 /* Longest subject, scope or prefix kept as it is in a key; longer ones are hashed. */
 #define SUBJECT_SAFE_MAX_BYTES 64
 
+extern void subject_init(void);
 extern void subject_check(const char *subject, int length);
 extern void subject_build_key(StringInfo key, const Policy *policy,
 							  const char *subject, int length);

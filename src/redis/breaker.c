@@ -17,22 +17,22 @@
  * monotonic time until which decisions skip Redis. A probe is claimed by moving
  * open_until_us forward past the probe's own deadline with compare-and-swap.
  */
-#include "ratelimit.h"
+#include "prelude.h"
 
 #include "port/atomics.h"
 #include "storage/shmem.h"
 #include "storage/spin.h"
-#include "miscadmin.h"
+#include "utils/guc.h"
 #include "utils/timestamp.h"
 
-#include "breaker.h"
+#include "base/clock.h"
+#include "redis/breaker.h"
+#include "redis/deadline.h"
+#include "redis/url.h"
 
 typedef struct BreakerState
 {
 	pg_atomic_uint64 open_until_us;
-	/* The postmaster's connect_timeout and command_timeout: the server's own. */
-	pg_atomic_uint32 server_connect_timeout_ms;
-	pg_atomic_uint32 server_command_timeout_ms;
 	slock_t		mutex;			/* guards the fields below, changed only on transitions */
 	bool		reachable;
 	TimestampTz since;
@@ -46,14 +46,12 @@ typedef enum BreakerAttempt
 	BREAKER_SKIP				/* the breaker is open: decide by the fail mode */
 } BreakerAttempt;
 
+int			breaker_retry_interval_ms = 1000;
+
 static BreakerState *shared_breaker = NULL;
 static BreakerState backend_breaker;
 static BreakerState *breaker = NULL;	/* one of the two; NULL: choose again */
-static bool url_is_server_wide = true;
-
-/* In the postmaster: its timeouts, for the shared state (created after they are set). */
-static int	postmaster_connect_timeout_ms = 1000;
-static int	postmaster_command_timeout_ms = 250;
+static uint32 breaker_chosen_for = 0;	/* redis_url_generation() when it was chosen */
 
 /* Sets a breaker to "Redis answers". */
 static void
@@ -61,8 +59,6 @@ breaker_state_init(BreakerState *state)
 {
 	memset(state, 0, sizeof(BreakerState));
 	pg_atomic_init_u64(&state->open_until_us, 0);
-	pg_atomic_init_u32(&state->server_connect_timeout_ms, postmaster_connect_timeout_ms);
-	pg_atomic_init_u32(&state->server_command_timeout_ms, postmaster_command_timeout_ms);
 	SpinLockInit(&state->mutex);
 	state->reachable = true;
 }
@@ -75,9 +71,11 @@ breaker_state_init(BreakerState *state)
 static BreakerState *
 breaker_state(void)
 {
-	if (breaker == NULL)
+	/* A new URL may mean another Redis: the breaker is chosen again. */
+	if (breaker == NULL || breaker_chosen_for != redis_url_generation())
 	{
-		if (shared_breaker != NULL && url_is_server_wide)
+		breaker_chosen_for = redis_url_generation();
+		if (shared_breaker != NULL && redis_url_is_server_wide())
 			breaker = shared_breaker;
 		else
 		{
@@ -88,33 +86,14 @@ breaker_state(void)
 	return breaker;
 }
 
-/* ratelimit.redis_url changed: choose the breaker again on the next decision. */
+/* Defines ratelimit.retry_interval; called once per process from _PG_init. */
 void
-breaker_url_changed(bool server_wide)
+breaker_init(void)
 {
-	url_is_server_wide = server_wide;
-	breaker = NULL;
-}
-
-/*
- * ratelimit.connect_timeout (connect) or ratelimit.command_timeout is about to
- * become ms in this process. In the postmaster, whose values come only from
- * postgresql.conf, ALTER SYSTEM and its command line, that is the server's own
- * timeout, which no role, database, startup packet or SET can change: the
- * shared breaker compares a session's timeouts with it.
- */
-void
-breaker_timeout_changed(bool connect, int ms)
-{
-	if (IsUnderPostmaster)
-		return;
-	if (connect)
-		postmaster_connect_timeout_ms = ms;
-	else
-		postmaster_command_timeout_ms = ms;
-	if (shared_breaker != NULL)
-		pg_atomic_write_u32(connect ? &shared_breaker->server_connect_timeout_ms :
-							&shared_breaker->server_command_timeout_ms, (uint32) ms);
+	DefineCustomIntVariable("ratelimit.retry_interval",
+							"How long decisions skip a Redis that could not be reached before one probe tries again.",
+							NULL, &breaker_retry_interval_ms, 1000, 1, 3600 * 1000,
+							PGC_SUSET, GUC_UNIT_MS, NULL, NULL, NULL);
 }
 
 /* Shared memory the breaker needs when preloaded. */
@@ -146,26 +125,22 @@ failure_trips(RedisFailureKind kind)
 /* The open_until_us this backend wrote when it claimed the probe; 0: none. */
 static uint64 claimed_probe = 0;
 
-/* The server's own connect_timeout and command_timeout (a backend's own ones without shared memory). */
+/*
+ * The server's own connect_timeout and command_timeout, for the shared
+ * breaker; a backend's own breaker has only the backend's.
+ */
 static int
 server_connect_timeout_ms(BreakerState *state)
 {
-	return state == shared_breaker ?
-		(int) pg_atomic_read_u32(&state->server_connect_timeout_ms) : rl_connect_timeout_ms;
+	return state == shared_breaker ? deadline_server_connect_timeout_ms() :
+		deadline_connect_timeout_ms;
 }
 
 static int
 server_command_timeout_ms(BreakerState *state)
 {
-	return state == shared_breaker ?
-		(int) pg_atomic_read_u32(&state->server_command_timeout_ms) : rl_command_timeout_ms;
-}
-
-/* The server's own command_timeout (this backend's without shared memory). */
-int
-breaker_server_command_timeout_ms(void)
-{
-	return server_command_timeout_ms(breaker_state());
+	return state == shared_breaker ? deadline_server_command_timeout_ms() :
+		deadline_command_timeout_ms;
 }
 
 /*
@@ -181,7 +156,7 @@ breaker_allows_attempt(BreakerState *state)
 
 	if (until == 0)
 		return BREAKER_CLOSED;
-	now = rl_monotonic_us();
+	now = clock_monotonic_us();
 	if ((uint64) now < until)
 		return BREAKER_SKIP;
 
@@ -190,8 +165,8 @@ breaker_allows_attempt(BreakerState *state)
 	 * the server-wide timeouts: a session's own longer ones cannot stretch it.
 	 */
 	probe_until = now + 1 +
-		((int64) Min(rl_connect_timeout_ms, server_connect_timeout_ms(state)) +
-		 Min(rl_command_timeout_ms, server_command_timeout_ms(state))) * 1000;
+		((int64) Min(deadline_connect_timeout_ms, server_connect_timeout_ms(state)) +
+		 Min(deadline_command_timeout_ms, server_command_timeout_ms(state))) * 1000;
 	if (pg_atomic_compare_exchange_u64(&state->open_until_us, &until, probe_until))
 	{
 		claimed_probe = probe_until;
@@ -210,7 +185,7 @@ breaker_release_probe(BreakerState *state)
 	claimed_probe = 0;
 	if (claimed != 0)
 		pg_atomic_compare_exchange_u64(&state->open_until_us, &claimed,
-									   (uint64) rl_monotonic_us());
+									   (uint64) clock_monotonic_us());
 }
 
 /*
@@ -226,8 +201,8 @@ failure_is_local(BreakerState *state, const RedisFailure *failure)
 	if (failure->kind == REDIS_FAILURE_IO || failure->backend_only)
 		return true;
 	if (failure->kind == REDIS_FAILURE_TIMEOUT && state == shared_breaker)
-		return rl_command_timeout_ms < server_command_timeout_ms(state) ||
-			rl_connect_timeout_ms < server_connect_timeout_ms(state);
+		return deadline_command_timeout_ms < server_command_timeout_ms(state) ||
+			deadline_connect_timeout_ms < server_connect_timeout_ms(state);
 	return false;
 }
 
@@ -254,7 +229,7 @@ breaker_record(BreakerState *state, const RedisFailure *failure)
 	}
 	else
 		pg_atomic_write_u64(&state->open_until_us,
-							rl_monotonic_us() + (int64) rl_retry_interval_ms * 1000);
+							clock_monotonic_us() + (int64) breaker_retry_interval_ms * 1000);
 
 	{
 		TimestampTz now = GetCurrentTimestamp();
@@ -313,11 +288,11 @@ breaker_retry_after_ms(void)
 {
 	BreakerState *state = breaker_state();
 	int64		until = (int64) pg_atomic_read_u64(&state->open_until_us);
-	int64		now = rl_monotonic_us();
+	int64		now = clock_monotonic_us();
 
 	if (until > now)
 		return Max((until - now + 999) / 1000, 1);
-	return Max(rl_retry_interval_ms, 1);
+	return Max(breaker_retry_interval_ms, 1);
 }
 
 /* The breaker's state for rl_health(). */
@@ -326,7 +301,7 @@ breaker_health(BreakerHealth *health)
 {
 	BreakerState *state = breaker_state();
 	int64		until = (int64) pg_atomic_read_u64(&state->open_until_us);
-	int64		now = rl_monotonic_us();
+	int64		now = clock_monotonic_us();
 
 	SpinLockAcquire(&state->mutex);
 	health->reachable = state->reachable;

@@ -7,7 +7,7 @@
 
 #include "datatype/timestamp.h"
 
-#include "redis.h"
+#include "redis/failure.h"
 
 /* What rl_health() shows of the breaker. */
 typedef struct BreakerHealth
@@ -20,14 +20,14 @@ typedef struct BreakerHealth
 	bool		shared;			/* kept in shared memory for the whole server */
 } BreakerHealth;
 
+extern int	breaker_retry_interval_ms;
+
+extern void breaker_init(void);
 extern Size breaker_shmem_size(void);
 extern void breaker_shmem_init(void);
-extern void breaker_url_changed(bool server_wide);
-extern void breaker_timeout_changed(bool connect, int ms);
 extern bool breaker_call(bool (*attempt) (void *arg, RedisFailure *failure), void *arg,
 						 RedisFailure *failure);
 extern int64 breaker_retry_after_ms(void);
-extern int	breaker_server_command_timeout_ms(void);
 extern void breaker_health(BreakerHealth *health);
 
 #endif							/* RL_BREAKER_H */

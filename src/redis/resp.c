@@ -10,9 +10,9 @@
  * resumes where the last one stopped as more bytes arrive, so a reply costs
  * time in proportion to its bytes, never to a claimed count.
  */
-#include "ratelimit.h"
+#include "prelude.h"
 
-#include "resp.h"
+#include "redis/resp.h"
 
 /* The fewest bytes one element can take ("+\r\n"): bounds a claimed element count. */
 #define RESP_MIN_ELEMENT_BYTES 3

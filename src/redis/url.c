@@ -1,18 +1,31 @@
 /*
- * redis_url.c
- *	  Parsing ratelimit.redis_url:
+ * url.c
+ *	  ratelimit.redis_url: the setting, and parsing it:
  *	    redis://[user[:password]@]host[:port][/db]
  *	    unix://[user[:password]@]/path/to/socket[?db=N]
  *	  user and password may be percent-encoded; an IPv6 host is written [::1].
+ *
+ * The value is checked when it is set, not when it is first used, and a URL
+ * that carries a password only where other roles cannot read it (secret.c).
+ * Whether it was set for the whole server (configuration file, command line,
+ * ALTER SYSTEM) decides which breaker its Redis gets.
  */
-#include "ratelimit.h"
+#include "prelude.h"
 
 #include <ctype.h>
 
-#include "redis_url.h"
+#include "utils/guc.h"
+
+#include "base/secret.h"
+#include "redis/url.h"
 
 #define REDIS_DEFAULT_PORT 6379
 #define REDIS_MAX_DATABASE 1000000
+
+static char *url_setting = NULL;
+/* Whether the value was set for the whole server; a count of its changes. */
+static bool url_server_wide = true;
+static uint32 url_changes = 0;
 
 /* Value of one hex digit, or -1. */
 static int
@@ -237,4 +250,90 @@ redis_url_parse(const char *url, RedisUrl *out, const char **problem)
 		return false;
 	}
 	return true;
+}
+
+/* Rejects a malformed ratelimit.redis_url, or one with a password where others could read it. */
+static bool
+check_redis_url(char **newval, void **extra, GucSource source)
+{
+	RedisUrl	url;
+	const char *problem;
+	GucSource  *where;
+
+	if (*newval != NULL && (*newval)[0] != '\0')
+	{
+		if (!redis_url_parse(*newval, &url, &problem))
+		{
+			/* Never echo the value: it may hold a password. */
+			GUC_check_errmsg("invalid value for parameter \"ratelimit.redis_url\"");
+			GUC_check_errdetail("%s", problem);
+			GUC_check_errhint("Use redis://[user[:password]@]host[:port][/db] or unix://[user[:password]@]/path/to/socket[?db=N].");
+			return false;
+		}
+		if (url.password != NULL && !secret_source_allowed("ratelimit.redis_url", source))
+		{
+			secret_refused("ratelimit.redis_url", source);
+			return false;
+		}
+	}
+
+	/*
+	 * The value carries where it was set from, for assign_redis_url. guc.c
+	 * frees an extra with free(), so it comes from malloc (guc_malloc is 16+).
+	 */
+	where = malloc(sizeof(GucSource));
+	if (where == NULL)
+	{
+		GUC_check_errcode(ERRCODE_OUT_OF_MEMORY);
+		return false;
+	}
+	*where = source;
+	*extra = where;
+	return true;
+}
+
+/*
+ * A new URL may mean another Redis: its breaker is chosen again, the shared
+ * one belonging to the URL set for the whole server.
+ */
+static void
+assign_redis_url(const char *newval, void *extra)
+{
+	if (newval != NULL && newval[0] != '\0')
+		secret_accepted("ratelimit.redis_url");
+	url_server_wide = extra != NULL && *(GucSource *) extra <= PGC_S_GLOBAL;
+	url_changes++;
+}
+
+/* Defines ratelimit.redis_url; called once per process from _PG_init, after secret_init. */
+void
+redis_url_init(void)
+{
+	DefineCustomStringVariable("ratelimit.redis_url",
+							   "Redis to keep buckets in: redis://[user[:password]@]host[:port][/db] or unix:///path[?db=N].",
+							   "Only superusers can read or set it: it may hold a password.",
+							   &url_setting, "", PGC_SUSET,
+							   GUC_SUPERUSER_ONLY | GUC_NOT_IN_SAMPLE,
+							   check_redis_url, assign_redis_url, NULL);
+}
+
+/* The URL now ("" when unset). */
+const char *
+redis_url_current(void)
+{
+	return url_setting ? url_setting : "";
+}
+
+/* True when the URL now was set for the whole server, not by a session, role or database. */
+bool
+redis_url_is_server_wide(void)
+{
+	return url_server_wide;
+}
+
+/* A number that changes whenever the URL does. */
+uint32
+redis_url_generation(void)
+{
+	return url_changes;
 }

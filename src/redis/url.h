@@ -1,6 +1,6 @@
 /*
- * redis_url.h
- *	  Parsing ratelimit.redis_url.
+ * url.h
+ *	  ratelimit.redis_url: the setting, and parsing it.
  */
 #ifndef RL_REDIS_URL_H
 #define RL_REDIS_URL_H
@@ -16,6 +16,10 @@ typedef struct RedisUrl
 	int			database;
 } RedisUrl;
 
+extern void redis_url_init(void);
+extern const char *redis_url_current(void);
+extern bool redis_url_is_server_wide(void);
+extern uint32 redis_url_generation(void);
 extern bool redis_url_parse(const char *url, RedisUrl *out, const char **problem);
 
 #endif							/* RL_REDIS_URL_H */

@@ -1,7 +1,8 @@
 #!/usr/bin/perl
 #
-# Model tests for lua/token_bucket.lua, run directly in a private redis-server with an
-# injected clock (ARGV[6] = now in ms).
+# Model tests for lua/token_bucket/take.lua (composed with lua/lib.lua and
+# lua/token_bucket/common.lua), run directly in a private redis-server with an injected
+# clock (ARGV[1] = now in ms).
 #
 # Every call is checked twice: against exact values worked out by hand, and against a
 # pure-Perl reference model of the same math in 64-bit integers (model_step below). The
@@ -15,7 +16,7 @@
 # Stored numbers that are not whole, finite and below 2^53 are corrupt state (an error
 # reply); sums with a clock pause saturate at 2^53 - 1 instead of losing precision.
 #
-# RL_SEED=<n> prove -v t/010_lua_model.pl  repeats the randomized part with another seed.
+# RL_SEED=<n> prove -v test/t/010_lua_model.pl  repeats the randomized part with another seed.
 
 use strict;
 use warnings;
@@ -29,8 +30,11 @@ use POSIX qw(WNOHANG _exit);
 use Test::More;
 use Time::HiRes ();
 
-my $SCRIPT_PATH = "$FindBin::Bin/../../lua/token_bucket.lua";
-my $LIMIT = 1 << 53;    # every value of the bucket math stays below this (as in bucket.h)
+# The take script as Redis runs it: dev/lua-script puts lua/lib.lua and the algorithm's
+# common.lua before it, as the build does.
+my $SCRIPT_PATH = "$FindBin::Bin/../../lua/token_bucket/take.lua";
+my $COMPOSE = "$FindBin::Bin/../../dev/lua-script";
+my $LIMIT = 1 << 53;    # every value of the bucket math stays below this (as in algorithm/token_bucket.h)
 my $T0 = 1_800_000_000_000;    # an injected "now" around 2027, as Redis TIME gives in ms
 
 for my $bin (qw(redis-server redis-cli))
@@ -220,7 +224,7 @@ sub is_error { return ref $_[0] eq 'RedisError' }
 
 #
 # Policies: (capacity C, refill_amount R per period P ms) -> the script's parameters,
-# exactly as bucket_params_init() in src/bucket.c computes them. Returns undef when the
+# exactly as bucket_params_init() in src/algorithm/token_bucket.c computes them. Returns undef when the
 # policy is outside the exact bounds (C*unit + rate must stay below 2^53).
 #
 sub gcd
@@ -253,11 +257,12 @@ sub policy
 	};
 }
 
-# ARGV[1..6] of the script for a policy, a cost in tokens and an injected now (undef: '').
+# ARGV[1..6] of the script for a policy, a cost in tokens and an injected now (undef: ''):
+# the clock, then the bucket's capacity units, rate, unit, cost and TTL.
 sub script_args
 {
 	my ($p, $cost, $now) = @_;
-	return ($p->{cap}, $p->{rate}, $p->{unit}, $cost, $p->{ttl}, $now // '');
+	return ($now // '', $p->{cap}, $p->{rate}, $p->{unit}, $cost, $p->{ttl});
 }
 
 #
@@ -382,7 +387,7 @@ sub run_step
 		my $slack = $want_ttl >= $LIMIT ? 2 : 0;
 		if ($pttl > $want_ttl + $slack || $pttl <= $want_ttl - 1000)
 		{
-			$problem->("PTTL $pttl after a grant, expected ARGV[5] + pause = $want_ttl");
+			$problem->("PTTL $pttl after a grant, expected ARGV[6] + pause = $want_ttl");
 		}
 	}
 	else
@@ -438,13 +443,16 @@ note "redis-server pid $redis_pid on port $port, dir $tmpdir";
 
 my $script = do
 {
-	open my $fh, '<:raw', $SCRIPT_PATH or die "cannot read $SCRIPT_PATH: $!";
+	open my $fh, '-|', $COMPOSE, $SCRIPT_PATH or die "cannot run $COMPOSE: $!";
+	binmode $fh;
 	local $/;
-	<$fh>;
+	my $body = <$fh>;
+	close $fh or die "$COMPOSE $SCRIPT_PATH failed";
+	$body;
 };
 
 $sha = cmd('SCRIPT', 'LOAD', $script);
-is($sha, sha1_hex($script), 'SCRIPT LOAD returns the SHA-1 of lua/token_bucket.lua');
+is($sha, sha1_hex($script), 'SCRIPT LOAD returns the SHA-1 of lua/token_bucket/take.lua as composed');
 
 # The policies used below.
 my $per_minute = policy(10, 120, 60_000);    # 120 a minute = 2 a second
@@ -454,10 +462,10 @@ my $day_max = policy(104_249_991, 1, 86_400_000);    # 1 a day, largest exact ca
 my $fast_max = policy(1_501_199_875_790_165, 1 << 52, 3, ttl => 600_000);    # cap+rate = 2^53-1
 my $b3_max = policy(94_906_264, 94_906_265, 94_906_266);    # unit and rate both ~2^26.5
 
-subtest 'policy helper: (C, R, P) -> script arguments, as src/bucket.c' => sub {
-	is_deeply([ script_args($per_minute, 1, 5) ], [ 5000, 1, 500, 1, 5000, 5 ],
+subtest 'policy helper: (C, R, P) -> script arguments, as src/algorithm/token_bucket.c' => sub {
+	is_deeply([ script_args($per_minute, 1, 5) ], [ 5, 5000, 1, 500, 1, 5000 ],
 		'120 per minute: gcd 120, unit 500, rate 1, capacity 5000 units, TTL 5000 ms');
-	is_deeply([ script_args($thirds, 2, undef) ], [ 5000, 3, 1000, 2, 1667, '' ],
+	is_deeply([ script_args($thirds, 2, undef) ], [ '', 5000, 3, 1000, 2, 1667 ],
 		'3 per second: unit 1000, rate 3, TTL rounded up to 1667 ms, empty now');
 	is_deeply([ @{$day_max}{qw(unit rate cap)} ], [ 86_400_000, 1, 9_007_199_222_400_000 ],
 		'1 per day at the largest capacity: 104249991 * 86400000 units');
@@ -641,7 +649,7 @@ subtest 'a clock going backwards adds nothing and is not counted twice' => sub {
 		'take 1 at T0-1000: allowed from stock; reset = 1000 pause + 1000');
 	is_deeply(stored('back2'), [ 4000, $T0 ], 'stored time stays T0, not T0-1000');
 	ok($res->{pttl} <= 5000 + 1000 && $res->{pttl} > 5000,
-		"PTTL is ARGV[5] + the pause: $res->{pttl} in (5000, 6000]");
+		"PTTL is ARGV[6] + the pause: $res->{pttl} in (5000, 6000]");
 	expect_step('back2', $per_minute, 1, $T0 + 100, [ 1, 7, 0, 1400 ],
 		'T0+100: only 100 ms refilled (4100 units), not 1100 ms; 7 left');
 
@@ -657,7 +665,7 @@ subtest 'a clock going backwards adds nothing and is not counted twice' => sub {
 		'1 h back: retry and reset include the pause, exactly');
 };
 
-subtest 'TTL: set to ARGV[5] (+ pause) on every grant, untouched by a denial' => sub {
+subtest 'TTL: set to ARGV[6] (+ pause) on every grant, untouched by a denial' => sub {
 	my $res = expect_step('ttl', $per_minute, 1, $T0, [ 1, 9, 0, 500 ], 'grant on a new key');
 	ok($res->{pttl} <= 5000 && $res->{pttl} > 4000, "PTTL $res->{pttl} in (4000, 5000]");
 	is(cmd('PERSIST', 'ttl'), 1, 'PERSIST the key');
@@ -670,10 +678,10 @@ subtest 'TTL: set to ARGV[5] (+ pause) on every grant, untouched by a denial' =>
 	$res = expect_step('ttl', $per_minute, 8, $T0, [ 0, 7, 500, 1500 ], 'a denial (cost 8 of 7)');
 	is($res->{pttl}, -1, 'the denial set no TTL');
 	my $long = policy(10, 120, 60_000, ttl => 90_000);
-	$res = expect_step('ttl2', $long, 1, $T0, [ 1, 9, 0, 500 ], 'ARGV[5] = 90000');
+	$res = expect_step('ttl2', $long, 1, $T0, [ 1, 9, 0, 500 ], 'ARGV[6] = 90000');
 	ok($res->{pttl} <= 90_000 && $res->{pttl} > 89_000, "PTTL $res->{pttl} in (89000, 90000]");
 	$res = expect_step('ttl3', $day_max, 1, $T0, [ 1, 104_249_990, 0, 86_400_000 ],
-		'ARGV[5] = 9007199222400000 (1/day at the bound)');
+		'ARGV[6] = 9007199222400000 (1/day at the bound)');
 	ok($res->{pttl} <= 9_007_199_222_400_000 && $res->{pttl} > 9_007_199_222_399_000,
 		"PTTL $res->{pttl}");
 };
@@ -779,20 +787,22 @@ subtest 'exact integers at the 2^53 bound and with large now values' => sub {
 };
 
 subtest 'no now argument: the script uses Redis TIME' => sub {
-	for my $case ([ 'empty ARGV[6]', 1 ], [ 'no ARGV[6]', 0 ])
-	{
-		my ($label, $with_now) = @$case;
-		my $key = "time:$label";
-		my @args = script_args($per_minute, 1, undef);
-		pop @args unless $with_now;
-		my $before = int(Time::HiRes::time() * 1000);
-		my $r = cmd('EVALSHA', $sha, 1, $key, @args);
-		my $after = int(Time::HiRes::time() * 1000);
-		is(reply_string($r), '{1, 9, 0, 500}', "$label: a new key is a full bucket");
-		my $t = stored_int(stored($key)->[1]);
-		ok($t >= $before - 1000 && $t <= $after + 1000,
-			"$label: stored time $t is the wall clock in ms ($before..$after)");
-	}
+	my $key = 'time:empty';
+	my $before = int(Time::HiRes::time() * 1000);
+	my $r = cmd('EVALSHA', $sha, 1, $key, script_args($per_minute, 1, undef));
+	my $after = int(Time::HiRes::time() * 1000);
+	is(reply_string($r), '{1, 9, 0, 500}', 'empty ARGV[1]: a new key is a full bucket');
+	my $t = stored_int(stored($key)->[1]);
+	ok($t >= $before - 1000 && $t <= $after + 1000,
+		"empty ARGV[1]: stored time $t is the wall clock in ms ($before..$after)");
+
+	# Every argument is positional: one missing is refused, never read as another.
+	my @short = script_args($per_minute, 1, undef);
+	pop @short;
+	$r = cmd('EVALSHA', $sha, 1, 'time:short', @short);
+	ok(is_error($r) && $r->msg =~ /called with 5 arguments, not 6/,
+		'a missing argument is an error reply naming the count');
+	is_deeply(stored('time:short'), [ undef, undef ], 'and nothing is written');
 };
 
 is(scalar @deterministic_disagreements, 0,

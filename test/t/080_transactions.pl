@@ -113,8 +113,9 @@ foreach my $mark (@marks)
 
 # Replaying the script with those very marks credits nothing: the tokens were
 # given back once. (Take 5 first, so that a credit would show below capacity.)
-my $script = slurp_file("$FindBin::Bin/../lua/token_bucket.lua");
-# Policy 10 per day, in the script's integer units (src/bucket.c): gcd(10, 86400000)
+my $script = `"$FindBin::Bin/../../dev/lua-script" "$FindBin::Bin/../../lua/token_bucket/refund.lua"`;
+die "dev/lua-script failed" if $? != 0 || $script eq '';
+# Policy 10 per day, in the script's integer units (src/algorithm/token_bucket.c): gcd(10, 86400000)
 # = 10, unit = 8640000 units a token, rate = 1 unit a ms, capacity 86400000 units,
 # TTL the time to refill completely, 86400000 ms.
 my @args = (86_400_000, 1, 8_640_000);
@@ -124,7 +125,7 @@ my $ttl_ms = 86_400_000;
 sub lua_refund
 {
 	my ($key, $mark, $cost) = @_;
-	return split /\n/, $redis->cli('EVAL', $script, 2, $key, $mark, @args, $cost, $ttl_ms, '', 'refund');
+	return split /\n/, $redis->cli('EVAL', $script, 2, $key, $mark, '', @args, $cost, $ttl_ms);
 }
 
 is($node->safe_psql('postgres', "SELECT remaining FROM rl_consume('tx_kill', '$kill_subject', 5)"),

@@ -481,7 +481,7 @@ my $hist = stats('obs_hist');
 is($hist->{redis_calls}, 43, 'obs_hist: 43 Redis calls');
 is(round_trips($hist->{latency_histogram}), 43, 'all of them answered');
 
-my $file = dirname(__FILE__) . '/../monitoring/postgres_exporter.yaml';
+my $file = dirname(__FILE__) . '/../../monitoring/postgres_exporter.yaml';
 my $queries = exporter_queries($file);
 is_deeply([ sort keys %$queries ],
 	[qw(ratelimit ratelimit_health ratelimit_latency ratelimit_redis_errors)],

@@ -153,9 +153,16 @@ is(level_count('te.far', 'far_', 1, $far_count, $far_capacity - 1), "$far_count|
 ##
 
 my $offset = log_offset($node);
+# The refund script is new to the connection: the first refund carries its body,
+# the other 99999 name it by SHA1, and none answers NOSCRIPT.
+$redis->cli('SCRIPT', 'FLUSH');
+my ($evals, $evalshas) = ($redis->command_calls('eval'), $redis->command_calls('evalsha'));
 my ($secs, $out, $err) = timed(sub { $up->query('ROLLBACK', 60) });
 note sprintf('(a) ROLLBACK of %d reservations, Redis up: %.3f s', $many, $secs);
 is($err, '', '(a) the ROLLBACK raised nothing');
+is($redis->command_calls('eval') - $evals, 1, '(a) one refund carried the script (EVAL)');
+is($redis->command_calls('evalsha') - $evalshas, $many - 1,
+	'(a) the others named it by SHA1, each once: none was sent again after NOSCRIPT');
 # One refund call after another took 8.8 s here before: now Redis running the
 # 100000 refunds is most of it.
 cmp_ok($secs, '<', 6, '(a) the ROLLBACK took less than 6 s (one call each took 8.8 s)');

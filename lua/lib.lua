@@ -1,0 +1,50 @@
+-- lib.lua: the helpers every script shares. The build (dev/lua-script) puts this file
+-- before each script, so each is one self-contained EVAL body.
+--
+-- A script that fails halfway keeps what it wrote (Redis has no rollback), so every
+-- script makes all its checks before its first write, and a command the ACL refuses
+-- is answered with the error "NOPERM <COMMAND>".
+
+-- Raises a Redis error reply; one that says the ACL refused names the command.
+local function raise(reply, command)
+  local err = reply.err
+  if string.find(err, 'NOPERM', 1, true) == 1 or string.find(err, "can't run", 1, true)
+     or string.find(err, "can't access", 1, true) then
+    error({err = 'NOPERM ' .. command})
+  end
+  error(reply)
+end
+
+-- Runs a Redis command, raising its error (see raise).
+local function call(command, ...)
+  local reply = redis.pcall(command, ...)
+  if type(reply) == 'table' and reply.err then
+    raise(reply, command)
+  end
+  return reply
+end
+
+-- Before the first write: raises NOPERM when the ACL would refuse this write
+-- (Redis 7 and later can tell in advance).
+local function may_write(command, ...)
+  if redis.acl_check_cmd and not redis.acl_check_cmd(command, ...) then
+    error({err = 'NOPERM ' .. command})
+  end
+end
+
+-- Raises unless the script was given exactly count arguments.
+local function expect_args(count)
+  if #ARGV ~= count then
+    error({err = 'ERR ratelimit script called with ' .. #ARGV .. ' arguments, not ' .. count})
+  end
+end
+
+-- Now in ms since the epoch: the test clock arg when it is not empty, else Redis TIME.
+local function now_ms(arg)
+  if arg ~= nil and arg ~= '' then
+    return tonumber(arg)
+  end
+  local t = call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+

@@ -1,0 +1,85 @@
+/*
+ * request.c
+ *	  One call's checked arguments: the policy (with the subject's override
+ *	  applied), the subject, the cost, what to do with the bucket.
+ *
+ * The contract's errors for bad input come from here, before anything is
+ * asked of Redis: an unknown policy (42704), an empty or oversized subject or
+ * a cost outside 1 .. capacity (22023), a policy outside the supported bounds
+ * (23514), a token-bucket call on a concurrency policy (42809).
+ */
+#include "prelude.h"
+
+#include "policy/cache.h"
+#include "policy/subject.h"
+#include "engine/request.h"
+
+/*
+ * Checks a policy name and a subject into request (the rest of it zeroed) and
+ * returns the cached policy: the contract's errors for an unknown or unusable
+ * policy and a bad subject. function_oid is the calling SQL function.
+ */
+const Policy *
+request_check(Oid function_oid, const char *name, const char *subject, int length,
+			  DecisionRequest *request)
+{
+	const Policy *policy = policy_lookup(function_oid, name);
+
+	if (policy == NULL)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("rate limit policy \"%s\" does not exist", name)));
+	subject_check(subject, length);
+	memset(request, 0, sizeof(*request));
+	request->policy = *policy;	/* a copy: the cache may be reloaded later */
+	request->subject = subject;
+	request->length = length;
+	policy_apply_override(&request->policy, subject, length);
+	policy = &request->policy;
+	if (!policy->usable)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_CHECK_VIOLATION),
+				 errmsg("rate limit policy \"%s\" is outside the supported bounds", policy->name),
+				 errdetail("With g = gcd(refill_amount, refill_period in ms), capacity * period_ms / g + refill_amount / g must stay below 2^53."),
+				 errhint("Restore the table's constraints and correct the policy.")));
+	return policy;
+}
+
+/*
+ * Sets a checked request's mode and cost (a refund's amount): token buckets
+ * only, except for a peek, and a cost between 1 and the capacity (a refund's
+ * amount is capped at the capacity instead).
+ */
+void
+request_cost(DecisionRequest *request, BucketMode mode, int64 cost)
+{
+	const Policy *policy = &request->policy;
+	const char *amount_name = mode == BUCKET_REFUND ? "amount" : "cost";
+
+	if (policy->algorithm != ALGORITHM_TOKEN_BUCKET && mode != BUCKET_PEEK)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_WRONG_OBJECT_TYPE),
+				 errmsg("rate limit policy \"%s\" is a concurrency policy", policy->name),
+				 errhint("Take its leases with rl_acquire and give them back with rl_release.")));
+	if (policy->algorithm == ALGORITHM_CONCURRENCY && cost != 1)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("a peek at concurrency policy \"%s\" counts one lease", policy->name),
+				 errdetail("The cost was " INT64_FORMAT ".", cost)));
+	if (mode == BUCKET_REFUND && cost > policy->bucket.capacity)
+		cost = policy->bucket.capacity;
+	if (cost <= 0 || cost > policy->bucket.capacity)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be between 1 and the capacity of policy \"%s\" (" INT64_FORMAT ")",
+						amount_name, policy->name, policy->bucket.capacity),
+				 errdetail("The %s was " INT64_FORMAT ".", amount_name, cost)));
+	request->mode = mode;
+	request->cost = cost;
+}
+

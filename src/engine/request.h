@@ -1,0 +1,27 @@
+/*
+ * request.h
+ *	  One call's checked arguments: the policy (with the subject's override
+ *	  applied), the subject, the cost, what to do with the bucket.
+ */
+#ifndef RL_REQUEST_H
+#define RL_REQUEST_H
+
+#include "algorithm/token_bucket.h"
+#include "policy/policy.h"
+
+typedef struct DecisionRequest
+{
+	Policy		policy;			/* a copy of the cached policy */
+	const char *subject;		/* not NUL-terminated */
+	int			length;
+	int64		cost;			/* a refund's amount */
+	BucketMode	mode;
+	const char *refund_id;		/* refunds: done once per id, when set */
+	const char *key;			/* the Redis key, when fixed in advance; else built */
+} DecisionRequest;
+
+extern const Policy *request_check(Oid function_oid, const char *name, const char *subject,
+								   int length, DecisionRequest *request);
+extern void request_cost(DecisionRequest *request, BucketMode mode, int64 cost);
+
+#endif							/* RL_REQUEST_H */

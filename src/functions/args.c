@@ -1,0 +1,121 @@
+/*
+ * args.c
+ *	  SQL arguments in, SQL values out: a (policy, subject, cost) call checked
+ *	  into a DecisionRequest, array arguments, and a Decision as an rl_decision.
+ *
+ * NULL arguments are refused with 22004 here, naming the argument: a NULL
+ * result could be read as "allowed".
+ */
+#include "prelude.h"
+
+#include "access/htup_details.h"
+#include "funcapi.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+
+#include "functions/args.h"
+
+/*
+ * Checks the (policy, subject, cost or amount) arguments of fcinfo into
+ * request for mode: raises the contract's errors for bad input.
+ */
+void
+args_request(FunctionCallInfo fcinfo, BucketMode mode, DecisionRequest *request)
+{
+	if (PG_NARGS() > 2 && PG_ARGISNULL(2) && !PG_ARGISNULL(0) && !PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", mode == BUCKET_REFUND ? "amount" : "cost")));
+	args_policy_subject(fcinfo, request);
+	request_cost(request, mode, PG_NARGS() > 2 ? PG_GETARG_INT64(2) : 1);
+}
+
+/* Checks the (policy, subject) arguments of fcinfo into request; see request_check. */
+const Policy *
+args_policy_subject(FunctionCallInfo fcinfo, DecisionRequest *request)
+{
+	text	   *subject;
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", PG_ARGISNULL(0) ? "policy" : "subject")));
+	subject = PG_GETARG_TEXT_PP(1);
+	return request_check(fcinfo->flinfo->fn_oid, text_to_cstring(PG_GETARG_TEXT_PP(0)),
+						 VARDATA_ANY(subject), VARSIZE_ANY_EXHDR(subject), request);
+}
+
+/* The elements of a one-dimensional array argument; NULL elements are 22004. */
+int
+args_array(FunctionCallInfo fcinfo, int argno, Oid type, const char *what, Datum **values)
+{
+	ArrayType  *array;
+	bool	   *nulls;
+	int			count;
+	int16		typlen;
+	bool		typbyval;
+	char		typalign;
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", what)));
+	array = PG_GETARG_ARRAYTYPE_P(argno);
+	if (ARR_NDIM(array) > 1)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be a one-dimensional array", what)));
+	get_typlenbyvalalign(type, &typlen, &typbyval, &typalign);
+	deconstruct_array(array, type, typlen, typbyval, typalign, values, &nulls, &count);
+	for (int i = 0; i < count; i++)
+		if (nulls[i])
+			ereport(ERROR,
+					(errhidestmt(true),
+					 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("%s must not hold nulls", what)));
+	return count;
+}
+
+/* The eight rl_decision columns of decision (none of them NULL). */
+void
+args_decision_values(const Decision *decision, Datum *values)
+{
+	values[0] = BoolGetDatum(decision->allowed);
+	values[1] = Int64GetDatum(decision->remaining);
+	values[2] = Int64GetDatum(decision->capacity);
+	values[3] = Int64GetDatum(decision->retry_after_ms);
+	values[4] = Int64GetDatum(decision->reset_after_ms);
+	values[5] = CStringGetTextDatum(decision->policy);
+	values[6] = Int32GetDatum(decision->version);
+	values[7] = CStringGetTextDatum(decision_source_name(decision->source));
+}
+
+/* Builds the rl_decision composite the calling function returns. */
+Datum
+args_decision_datum(FunctionCallInfo fcinfo, const Decision *decision)
+{
+	TupleDesc	desc = (TupleDesc) fcinfo->flinfo->fn_extra;
+	Datum		values[8];
+	bool		nulls[8] = {0};
+
+	/* The row type is looked up once per call site, not once per decision. */
+	if (desc == NULL)
+	{
+		MemoryContext old_context = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
+
+		if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("function returning rl_decision called in a context that cannot accept it")));
+		desc = BlessTupleDesc(desc);
+		MemoryContextSwitchTo(old_context);
+		fcinfo->flinfo->fn_extra = desc;
+	}
+	args_decision_values(decision, values);
+	return HeapTupleGetDatum(heap_form_tuple(desc, values, nulls));
+}

@@ -1,0 +1,20 @@
+/*
+ * args.h
+ *	  SQL arguments in, SQL values out: what every function of this layer
+ *	  shares to read a (policy, subject, cost) call and to return a decision.
+ */
+#ifndef RL_ARGS_H
+#define RL_ARGS_H
+
+#include "fmgr.h"
+
+#include "engine/decision.h"
+
+extern void args_request(FunctionCallInfo fcinfo, BucketMode mode, DecisionRequest *request);
+extern const Policy *args_policy_subject(FunctionCallInfo fcinfo, DecisionRequest *request);
+extern int	args_array(FunctionCallInfo fcinfo, int argno, Oid type, const char *what,
+					   Datum **values);
+extern void args_decision_values(const Decision *decision, Datum *values);
+extern Datum args_decision_datum(FunctionCallInfo fcinfo, const Decision *decision);
+
+#endif							/* RL_ARGS_H */

@@ -1,0 +1,98 @@
+/*
+ * decide.c
+ *	  The token-bucket functions: rl_consume, rl_enforce, rl_reserve, rl_peek,
+ *	  rl_refund and rl_reset. Each checks its arguments, hands the request to
+ *	  the engine and returns what it decided.
+ */
+#include "prelude.h"
+
+#include "base/log_privacy.h"
+#include "engine/lease.h"
+#include "engine/reservation.h"
+#include "functions/args.h"
+#include "functions/enforce.h"
+
+/* Logs an administrative action on a policy: the policy and the action, never the subject. */
+static void
+audit(const char *action, const char *policy)
+{
+	ereport(LOG,
+			(errhidestmt(true),
+			 errhidecontext(true),
+			 errmsg("ratelimit: %s on policy \"%s\"", action, policy)));
+}
+
+/* rl_consume(policy, subject, cost): one atomic decision; tokens taken only if allowed. */
+RL_SQL_FUNCTION(rl_consume)
+{
+	DecisionRequest request;
+	Decision	decision;
+
+	args_request(fcinfo, BUCKET_TAKE, &request);
+	decision_run(&request, &decision);
+	return args_decision_datum(fcinfo, &decision);
+}
+
+/*
+ * rl_enforce(policy, subject, cost): rl_consume, but a denial raises RL429 (over
+ * quota) or RL503 (Redis unavailable and the policy fails closed).
+ */
+RL_SQL_FUNCTION(rl_enforce)
+{
+	DecisionRequest request;
+	Decision	decision;
+
+	args_request(fcinfo, BUCKET_TAKE, &request);
+	decision_run(&request, &decision);
+	enforce(fcinfo->flinfo->fn_oid, &decision);
+	return args_decision_datum(fcinfo, &decision);
+}
+
+/* rl_reserve(policy, subject, cost): rl_consume, refunded if its (sub)transaction rolls back. */
+RL_SQL_FUNCTION(rl_reserve)
+{
+	DecisionRequest request;
+	Decision	decision;
+
+	args_request(fcinfo, BUCKET_TAKE, &request);
+	reservation_take(&request, &decision);
+	return args_decision_datum(fcinfo, &decision);
+}
+
+/* rl_peek(policy, subject, cost): the decision rl_consume (or rl_acquire) would make, taking nothing. */
+RL_SQL_FUNCTION(rl_peek)
+{
+	DecisionRequest request;
+	Decision	decision;
+
+	args_request(fcinfo, BUCKET_PEEK, &request);
+	if (request.policy.algorithm == ALGORITHM_CONCURRENCY)
+		lease_peek(&request, &decision);
+	else
+		decision_run(&request, &decision);
+	return args_decision_datum(fcinfo, &decision);
+}
+
+/* rl_refund(policy, subject, amount): gives tokens back, never above capacity. */
+RL_SQL_FUNCTION(rl_refund)
+{
+	DecisionRequest request;
+	Decision	decision;
+
+	args_request(fcinfo, BUCKET_REFUND, &request);
+	decision_run(&request, &decision);
+	audit("refund", decision.policy);
+	return args_decision_datum(fcinfo, &decision);
+}
+
+/* rl_reset(policy, subject): a full bucket; false when Redis could not answer. */
+RL_SQL_FUNCTION(rl_reset)
+{
+	DecisionRequest request;
+	bool		done;
+
+	args_request(fcinfo, BUCKET_PEEK, &request);
+	done = decision_reset(&request);
+	audit("reset", request.policy.name);
+	PG_RETURN_BOOL(done);
+}

@@ -1,0 +1,179 @@
+/*
+ * monitoring.c
+ *	  The functions that watch the limiter: rl_health, rl_stats_read,
+ *	  rl_stats_reset, rl_subject_hash, rl_local_available.
+ */
+#include "prelude.h"
+
+#include "access/htup_details.h"
+#include "funcapi.h"
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+#include "utils/timestamp.h"
+
+#include "base/log_privacy.h"
+#include "local/buckets.h"
+#include "observe/stats.h"
+#include "policy/subject.h"
+#include "redis/breaker.h"
+
+/* rl_health(): Redis reachable or not since when, the breaker, the local buckets. */
+RL_SQL_FUNCTION(rl_health)
+{
+	BreakerHealth health;
+	TupleDesc	desc;
+	Datum		values[8];
+	bool		nulls[8] = {0};
+	int			in_use,
+				slots;
+
+	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("function returning a record called in a context that cannot accept it")));
+	breaker_health(&health);
+	local_usage(&in_use, &slots);
+
+	values[0] = BoolGetDatum(health.reachable);
+	values[1] = TimestampTzGetDatum(health.since);
+	nulls[1] = health.since == 0;
+	values[2] = CStringGetTextDatum(health.open ? "open" : "closed");
+	values[3] = Int64GetDatum(health.retry_in_ms);
+	if (health.last_failure.kind == REDIS_FAILURE_NONE)
+		nulls[4] = true;
+	else
+		values[4] = CStringGetTextDatum(psprintf("%s: %s",
+												 redis_failure_kind_name(health.last_failure.kind),
+												 health.last_failure.detail));
+	values[5] = Int32GetDatum(in_use);
+	values[6] = Int32GetDatum(slots);
+	values[7] = BoolGetDatum(health.shared);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(desc), values, nulls)));
+}
+
+/* Milliseconds, for the view, of a microsecond figure. */
+static Datum
+ms_datum(int64 us)
+{
+	return Float8GetDatum((double) us / 1000.0);
+}
+
+/* A jsonb object of the failure classes that occurred, by name. */
+static Datum
+failures_jsonb(const StatsRow *row)
+{
+	StringInfoData json;
+	bool		first = true;
+
+	initStringInfo(&json);
+	appendStringInfoChar(&json, '{');
+	for (int kind = REDIS_FAILURE_CONFIG; kind < REDIS_FAILURE_KINDS; kind++)
+	{
+		if (row->failures[kind] == 0)
+			continue;
+		appendStringInfo(&json, "%s\"%s\": " UINT64_FORMAT, first ? "" : ", ",
+						 redis_failure_kind_name((RedisFailureKind) kind), row->failures[kind]);
+		first = false;
+	}
+	appendStringInfoChar(&json, '}');
+	return DirectFunctionCall1(jsonb_in, CStringGetDatum(json.data));
+}
+
+/* A jsonb array of the histogram's non-empty buckets: [{"le_ms": bound, "count": n}, ...]. */
+static Datum
+histogram_jsonb(const StatsRow *row)
+{
+	StringInfoData json;
+	bool		first = true;
+
+	initStringInfo(&json);
+	appendStringInfoChar(&json, '[');
+	for (int i = 0; i < STATS_LATENCY_BUCKETS; i++)
+	{
+		if (row->latency[i] == 0)
+			continue;
+		appendStringInfo(&json, "%s{\"le_ms\": %.3f, \"count\": " UINT64_FORMAT "}",
+						 first ? "" : ", ", stats_latency_bucket_limit(i) / 1000.0,
+						 row->latency[i]);
+		first = false;
+	}
+	appendStringInfoChar(&json, ']');
+	return DirectFunctionCall1(jsonb_in, CStringGetDatum(json.data));
+}
+
+/* Appends row to the result set. */
+static void
+stats_put_row(ReturnSetInfo *rsinfo, const StatsRow *row)
+{
+	Datum		values[19];
+	bool		nulls[19] = {0};
+	int			n = 0;
+
+	values[n++] = CStringGetTextDatum(row->policy[0] ? row->policy : "(other)");
+	values[n++] = Int64GetDatum(row->allowed + row->denied);
+	values[n++] = Int64GetDatum(row->allowed);
+	values[n++] = Int64GetDatum(row->denied);
+	values[n++] = Int64GetDatum(row->tokens);
+	values[n++] = Int64GetDatum(row->shadow_denials);
+	values[n++] = Int64GetDatum(row->by_source[DECISION_SOURCE_REDIS]);
+	values[n++] = Int64GetDatum(row->by_source[DECISION_SOURCE_LOCAL]);
+	values[n++] = Int64GetDatum(row->by_source[DECISION_SOURCE_FAIL_OPEN]);
+	values[n++] = Int64GetDatum(row->by_source[DECISION_SOURCE_FAIL_CLOSED]);
+	values[n++] = Int64GetDatum(row->by_source[DECISION_SOURCE_OVERRIDE]);
+	values[n++] = Int64GetDatum(row->by_source[DECISION_SOURCE_DISABLED]);
+	values[n++] = Int64GetDatum(row->redis_calls);
+	values[n++] = failures_jsonb(row);
+	/* Without a round trip there is no latency to tell. */
+	nulls[n] = nulls[n + 1] = nulls[n + 2] = row->round_trips == 0;
+	values[n++] = ms_datum(stats_latency_quantile(row, 0.50));
+	values[n++] = ms_datum(stats_latency_quantile(row, 0.99));
+	values[n++] = ms_datum(row->latency_max_us);
+	values[n++] = histogram_jsonb(row);
+	values[n++] = TimestampTzGetDatum(row->reset_at);
+	Assert(n == lengthof(values));
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+}
+
+/* rl_stats_read(): a row per policy of this database that decided since start, and "(other)". */
+RL_SQL_FUNCTION(rl_stats_read)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	List	   *rows = stats_rows();
+	ListCell   *cell;
+
+	InitMaterializedSRF(fcinfo, 0);
+	foreach(cell, rows)
+		stats_put_row(rsinfo, lfirst(cell));
+	return (Datum) 0;
+}
+
+/* rl_stats_reset(): zeroes this database's counters (and those counted together). */
+RL_SQL_FUNCTION(rl_stats_reset)
+{
+	stats_reset();
+	ereport(LOG,
+			(errhidestmt(true),
+			 errmsg("ratelimit: statistics reset")));
+	PG_RETURN_VOID();
+}
+
+/* rl_subject_hash(subject): the hash the decision log writes for subject. */
+RL_SQL_FUNCTION(rl_subject_hash)
+{
+	text	   *subject = PG_GETARG_TEXT_PP(0);
+	StringInfoData hash;
+
+	subject_check(VARDATA_ANY(subject), VARSIZE_ANY_EXHDR(subject));
+	initStringInfo(&hash);
+	subject_hash(&hash, VARDATA_ANY(subject), VARSIZE_ANY_EXHDR(subject));
+	PG_RETURN_TEXT_P(cstring_to_text(hash.data));
+}
+
+PG_FUNCTION_INFO_V1(rl_local_available);
+
+/* rl_local_available(): true when local fallback buckets exist (the library was preloaded). */
+Datum
+rl_local_available(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_BOOL(local_available());
+}

@@ -1,0 +1,65 @@
+/*
+ * health.c
+ *	  The health lines of the server log: a Redis failure at most once per
+ *	  class and ratelimit.retry_interval (base/log_limit.c), and that Redis
+ *	  answers again after a failure was logged.
+ *
+ * Never a key or a subject: the statement (which may hold the subject) is kept
+ * out of every line.
+ */
+#include "prelude.h"
+
+#include "base/log_limit.h"
+#include "observe/health.h"
+#include "redis/breaker.h"
+
+/* Whether a failure line was logged since the last "answers again" line. */
+static bool failure_logged = false;
+
+/* Notes a Redis call made for policy: answered, or why not. */
+void
+health_note(const Policy *policy, bool answered, const RedisFailure *failure)
+{
+	char		line_class[128];
+	int64		held_back;
+	char	   *held_back_text;
+
+	/* A call the breaker skipped says nothing new. */
+	if (!answered && failure->kind == REDIS_FAILURE_NONE)
+		return;
+	if (failure->kind == REDIS_FAILURE_NONE)
+	{
+		if (failure_logged)
+			ereport(LOG,
+					(errhidestmt(true),
+					 errhidecontext(true),
+					 errmsg("ratelimit: Redis answers again"),
+					 errdetail("Policy \"%s\" was decided by Redis.", policy->name)));
+		failure_logged = false;
+		return;
+	}
+	snprintf(line_class, sizeof(line_class), "redis %s: %s",
+			 redis_failure_kind_name(failure->kind), failure->detail);
+	if (!log_limit_allow(line_class, breaker_retry_interval_ms, &held_back))
+		return;
+	failure_logged = true;
+	held_back_text = held_back == 0 ? "" :
+		psprintf(" " INT64_FORMAT " more like it were not logged since the last one.", held_back);
+	if (failure->kind == REDIS_FAILURE_PERMISSION)
+		ereport(LOG,
+				(errhidestmt(true),
+				 errhidecontext(true),
+				 errmsg("ratelimit: Redis refused a command: the ACL of its user does not allow %s (permission)",
+						failure->detail),
+				 errdetail("Policy \"%s\" decides by its fail mode \"%s\" while Redis refuses.%s",
+						   policy->name, policy_fail_mode_name(policy->fail_mode), held_back_text),
+				 errhint("Give the Redis user the commands and keys the documentation lists.")));
+	else
+		ereport(LOG,
+				(errhidestmt(true),
+				 errhidecontext(true),
+				 errmsg("ratelimit: Redis cannot answer (%s: %s)",
+						redis_failure_kind_name(failure->kind), failure->detail),
+				 errdetail("Policy \"%s\" decides by its fail mode \"%s\" until Redis answers.%s",
+						   policy->name, policy_fail_mode_name(policy->fail_mode), held_back_text)));
+}

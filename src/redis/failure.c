@@ -1,0 +1,117 @@
+/*
+ * failure.c
+ *	  Why Redis gave no usable answer: the classes the fail modes, the breaker,
+ *	  the log and rl_health speak of.
+ */
+#include "prelude.h"
+
+#include "redis/failure.h"
+
+/* Records a failure of the given kind with a short detail; returns false, for callers to return. */
+bool
+redis_fail(RedisFailure *failure, RedisFailureKind kind, const char *detail)
+{
+	failure->kind = kind;
+	strlcpy(failure->detail, detail ? detail : "", sizeof(failure->detail));
+	return false;
+}
+
+/* True when text[0 .. length) contains needle. */
+static bool
+contains(const char *text, int length, const char *needle)
+{
+	int			n = strlen(needle);
+
+	for (int i = 0; i + n <= length; i++)
+		if (memcmp(text + i, needle, n) == 0)
+			return true;
+	return false;
+}
+
+/*
+ * The command Redis names in a permission error ("... run the 'set' command"),
+ * upper-cased into detail, or what was refused when it names none.
+ */
+static void
+permission_detail(const char *text, int length, char *detail, size_t size)
+{
+	const char *quote = memchr(text, '\'', length);
+	const char *close = quote ? memchr(quote + 1, '\'', length - (quote + 1 - text)) : NULL;
+	int			n;
+
+	if (quote != NULL && close != NULL && close - quote - 1 < (int) size && close > quote + 1)
+	{
+		n = close - quote - 1;
+		for (int i = 0; i < n; i++)
+			detail[i] = pg_toupper((unsigned char) quote[1 + i]);
+		detail[n] = '\0';
+	}
+	else if (contains(text, length, "key"))
+		strlcpy(detail, "a key outside the user's key patterns", size);
+	else
+		strlcpy(detail, "a command the script runs", size);
+}
+
+/*
+ * Fills failure from the text of an error reply: a permission refusal says
+ * which command (NOPERM, or a script's "can't run this command"), any other
+ * error its first word ("WRONGTYPE", "OOM", ...).
+ */
+void
+redis_fail_with_error(RedisFailure *failure, const char *text, int length)
+{
+	int			word = 0;
+
+	while (word < length && text[word] != ' ')
+		word++;
+	if ((word == 6 && strncmp(text, "NOPERM", 6) == 0) ||
+		contains(text, length, "can't run this command") ||
+		contains(text, length, "can't access"))
+	{
+		int			command = 0;
+
+		/* Our scripts answer "NOPERM <COMMAND> ..." for a command their ACL refused. */
+		while (word == 6 && 7 + command < length && command < 31 &&
+			   text[7 + command] >= 'A' && text[7 + command] <= 'Z')
+			command++;
+		failure->kind = REDIS_FAILURE_PERMISSION;
+		if (command > 0 && (7 + command == length || text[7 + command] == ' '))
+		{
+			memcpy(failure->detail, text + 7, command);
+			failure->detail[command] = '\0';
+		}
+		else
+			permission_detail(text, length, failure->detail, sizeof(failure->detail));
+		return;
+	}
+	failure->kind = REDIS_FAILURE_REPLY;
+	word = Min(word, (int) sizeof(failure->detail) - 1);
+	memcpy(failure->detail, text, word);
+	failure->detail[word] = '\0';
+}
+
+/* The failure kind as logs and docs name it. */
+const char *
+redis_failure_kind_name(RedisFailureKind kind)
+{
+	switch (kind)
+	{
+		case REDIS_FAILURE_NONE:
+			return "none";
+		case REDIS_FAILURE_CONFIG:
+			return "configuration";
+		case REDIS_FAILURE_CONNECT:
+			return "connect";
+		case REDIS_FAILURE_TIMEOUT:
+			return "timeout";
+		case REDIS_FAILURE_IO:
+			return "connection lost";
+		case REDIS_FAILURE_PROTOCOL:
+			return "protocol";
+		case REDIS_FAILURE_REPLY:
+			return "error reply";
+		case REDIS_FAILURE_PERMISSION:
+			return "permission";
+	}
+	return "unknown";
+}

@@ -1,0 +1,38 @@
+/*
+ * failure.h
+ *	  Why Redis gave no usable answer: the classes the fail modes, the breaker,
+ *	  the log and rl_health speak of.
+ */
+#ifndef RL_REDIS_FAILURE_H
+#define RL_REDIS_FAILURE_H
+
+typedef enum RedisFailureKind
+{
+	REDIS_FAILURE_NONE = 0,
+	REDIS_FAILURE_CONFIG,		/* ratelimit.redis_url is not set or cannot be used */
+	REDIS_FAILURE_CONNECT,		/* could not connect or authenticate */
+	REDIS_FAILURE_TIMEOUT,		/* no answer before the deadline */
+	REDIS_FAILURE_IO,			/* the connection broke mid-request */
+	REDIS_FAILURE_PROTOCOL,		/* an answer that is not what the script returns */
+	REDIS_FAILURE_REPLY,		/* Redis answered an error */
+	REDIS_FAILURE_PERMISSION	/* Redis refused a command: the ACL does not allow it */
+} RedisFailureKind;
+
+#define REDIS_FAILURE_KINDS (REDIS_FAILURE_PERMISSION + 1)
+
+typedef struct RedisFailure
+{
+	RedisFailureKind kind;
+	/* A short class to log (an error's first word, the command refused): never a key or a subject. */
+	char		detail[64];
+	/* This backend's own trouble (no file descriptor, a name it cannot resolve). */
+	bool		backend_only;
+	/* The request went out: Redis may have run it although no answer came back. */
+	bool		maybe_ran;
+} RedisFailure;
+
+extern bool redis_fail(RedisFailure *failure, RedisFailureKind kind, const char *detail);
+extern void redis_fail_with_error(RedisFailure *failure, const char *text, int length);
+extern const char *redis_failure_kind_name(RedisFailureKind kind);
+
+#endif							/* RL_REDIS_FAILURE_H */
