@@ -1,17 +1,59 @@
 /*
  * token_bucket.c
- *	  Token bucket arithmetic in C: turns a policy into the exact integer
- *	  units that its scripts (lua/token_bucket/) work in, checks the bounds
- *	  that keep it exact, and makes the scripts' decision for buckets kept in
- *	  PostgreSQL (the local fallback). Keep bucket_apply and the scripts step
- *	  for step alike: a test feeds both the same (time, cost) sequence and
- *	  compares every answer.
+ *	  The token bucket: its scripts in Redis (lua/token_bucket/, one per mode)
+ *	  and the numbers they take, and the same arithmetic in C. It turns a
+ *	  policy into the exact integer units the scripts work in, checks the
+ *	  bounds that keep it exact, and makes the scripts' decision for buckets
+ *	  kept in PostgreSQL (the local fallback). Keep bucket_apply and the
+ *	  scripts step for step alike: a test feeds both the same (time, cost)
+ *	  sequence and compares every answer.
  */
 #include "prelude.h"
 
 #include "common/int.h"
 
 #include "algorithm/token_bucket.h"
+#include "scripts.h"
+
+static const LuaScript take_script = LUA_SCRIPT("token_bucket/take", script_token_bucket_take);
+static const LuaScript peek_script = LUA_SCRIPT("token_bucket/peek", script_token_bucket_peek);
+static const LuaScript refund_script = LUA_SCRIPT("token_bucket/refund", script_token_bucket_refund);
+
+/*
+ * The script of mode. Each takes KEYS the buckets (take: any number, one hash
+ * tag; peek and refund: one, and for a refund an optional mark that makes it
+ * happen once), ARGV the clock (empty: Redis TIME) then TOKEN_BUCKET_ARGS
+ * numbers per bucket; each answers 4 numbers per bucket (BucketResult).
+ */
+const LuaScript *
+token_bucket_script(BucketMode mode)
+{
+	switch (mode)
+	{
+		case BUCKET_PEEK:
+			return &peek_script;
+		case BUCKET_REFUND:
+			return &refund_script;
+		case BUCKET_TAKE:
+			break;
+	}
+	return &take_script;
+}
+
+/*
+ * The TOKEN_BUCKET_ARGS numbers of one bucket for its script: capacity in
+ * units, rate, unit, cost (a refund's amount) in tokens, TTL; printed in the
+ * current memory context.
+ */
+void
+token_bucket_args(const BucketParams *params, int64 cost, const char **args)
+{
+	args[0] = psprintf(INT64_FORMAT, params->capacity_units);
+	args[1] = psprintf(INT64_FORMAT, params->rate);
+	args[2] = psprintf(INT64_FORMAT, params->unit);
+	args[3] = psprintf(INT64_FORMAT, cost);
+	args[4] = psprintf(INT64_FORMAT, params->ttl_ms);
+}
 
 /* Greatest common divisor of two positive integers. */
 static int64

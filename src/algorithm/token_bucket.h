@@ -1,11 +1,13 @@
 /*
  * token_bucket.h
- *	  The token bucket in exact integer units: its parameters, and the same
- *	  decision its scripts (lua/token_bucket/) make in Redis, for buckets kept
+ *	  The token bucket in exact integer units: its parameters, its scripts in
+ *	  Redis (lua/token_bucket/), and the same decision in C for buckets kept
  *	  here.
  */
 #ifndef RL_TOKEN_BUCKET_H
 #define RL_TOKEN_BUCKET_H
+
+#include "base/script.h"
 
 /* Largest integer every value of the bucket math must stay below (Lua numbers are doubles). */
 #define BUCKET_EXACT_LIMIT (INT64CONST(1) << 53)
@@ -25,14 +27,14 @@ typedef struct BucketParams
 	int64		ttl_ms;			/* idle TTL of the Redis key */
 } BucketParams;
 
-/* A bucket's stored state, as the Lua script's hash fields `level` and `time`. */
+/* A bucket's stored state, as the scripts store it: "<level> <time>". */
 typedef struct BucketState
 {
 	int64		level;			/* units */
 	int64		last_ms;		/* time of the last write, ms since the epoch */
 } BucketState;
 
-/* What a call does to a bucket: the script's modes. */
+/* What a call does to a bucket: one script each. */
 typedef enum BucketMode
 {
 	BUCKET_TAKE,				/* take cost tokens if they are all there */
@@ -49,6 +51,11 @@ typedef struct BucketResult
 	int64		reset_after_ms;
 } BucketResult;
 
+/* The numbers each script takes per bucket, after the clock. */
+#define TOKEN_BUCKET_ARGS 5
+
+extern const LuaScript *token_bucket_script(BucketMode mode);
+extern void token_bucket_args(const BucketParams *params, int64 cost, const char **args);
 extern bool bucket_params_init(BucketParams *params, int64 capacity,
 							   int64 refill_amount, int64 refill_period_ms,
 							   int64 idle_ttl_ms);

@@ -18,11 +18,8 @@
 #include "redis/breaker.h"
 #include "scripts.h"
 
-/* The token bucket's scripts (lua/token_bucket/), one per operation, and the reset. */
-const RedisScript token_bucket_take = REDIS_SCRIPT("token_bucket/take", script_token_bucket_take);
-static const RedisScript token_bucket_peek = REDIS_SCRIPT("token_bucket/peek", script_token_bucket_peek);
-static const RedisScript token_bucket_refund = REDIS_SCRIPT("token_bucket/refund", script_token_bucket_refund);
-static const RedisScript reset_script = REDIS_SCRIPT("reset", script_reset);
+/* Forgets a bucket (or a lease set), whatever the algorithm. */
+static const LuaScript reset_script = LUA_SCRIPT("reset", script_reset);
 
 /* The local bucket's key: database, policy, version and subject, hashed (never 0). */
 static uint64
@@ -96,23 +93,6 @@ decide_by_fail_mode(const DecisionRequest *request, Decision *decision)
 	decision->source = DECISION_SOURCE_FAIL_CLOSED;
 }
 
-/*
- * Appends to args the 5 numbers of one bucket of request for the token-bucket
- * scripts: capacity in units, rate, unit, cost (or amount) in tokens, TTL.
- * They are printed in the current memory context.
- */
-void
-decision_bucket_args(const DecisionRequest *request, const char **args)
-{
-	const BucketParams *bucket = &request->policy.bucket;
-
-	args[0] = psprintf(INT64_FORMAT, bucket->capacity_units);
-	args[1] = psprintf(INT64_FORMAT, bucket->rate);
-	args[2] = psprintf(INT64_FORMAT, bucket->unit);
-	args[3] = psprintf(INT64_FORMAT, request->cost);
-	args[4] = psprintf(INT64_FORMAT, bucket->ttl_ms);
-}
-
 /* The Redis key of request's bucket: the one fixed in advance, or built now (palloc'd). */
 const char *
 decision_key(const DecisionRequest *request)
@@ -137,21 +117,20 @@ void
 decision_redis_call(const DecisionRequest *request, RedisCall *call)
 {
 	const char **keys = palloc(2 * sizeof(char *));
-	const char **args = palloc(6 * sizeof(char *));
+	const char **args = palloc((1 + TOKEN_BUCKET_ARGS) * sizeof(char *));
 
 	keys[0] = decision_key(request);
 	/* A refund with an id is done once: its mark shares the bucket's hash tag. */
 	if (request->refund_id != NULL)
 		keys[1] = psprintf("%s:refund:%s", keys[0], request->refund_id);
 	args[0] = clock_test_ms();
-	decision_bucket_args(request, &args[1]);
+	token_bucket_args(&request->policy.bucket, request->cost, &args[1]);
 
 	memset(call, 0, sizeof(*call));
-	call->script = request->mode == BUCKET_PEEK ? &token_bucket_peek :
-		request->mode == BUCKET_REFUND ? &token_bucket_refund : &token_bucket_take;
+	call->script = token_bucket_script(request->mode);
 	call->nkeys = request->refund_id != NULL ? 2 : 1;
 	call->keys = keys;
-	call->nargs = 6;
+	call->nargs = 1 + TOKEN_BUCKET_ARGS;
 	call->args = args;
 	call->nresults = 4;
 	call->results = palloc(4 * sizeof(long long));

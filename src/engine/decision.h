@@ -35,9 +35,6 @@ typedef struct Decision
 	DecisionSource origin;		/* for source 'shadow': who would have denied */
 } Decision;
 
-/* The script rl_consume_all runs for several buckets (decision.c runs it for one). */
-extern const RedisScript token_bucket_take;
-
 extern void decision_init(const Policy *policy, Decision *decision);
 extern void decision_run(const DecisionRequest *request, Decision *decision);
 extern bool decision_reset(const DecisionRequest *request);
@@ -45,7 +42,6 @@ extern bool decision_local_possible(const DecisionRequest *request);
 extern void decision_local(const DecisionRequest *request, BucketMode mode, Decision *decision);
 extern void decision_refund_local(const DecisionRequest *request);
 extern const char *decision_key(const DecisionRequest *request);
-extern void decision_bucket_args(const DecisionRequest *request, const char **args);
 extern void decision_redis_call(const DecisionRequest *request, RedisCall *call);
 extern bool decision_from_reply(const long long *results, Decision *decision,
 								RedisFailure *failure);

@@ -34,7 +34,7 @@ typedef struct Group
 
 /*
  * Runs every check that needs a bucket in one call of the take script (KEYS:
- * the buckets; ARGV: the clock, then 5 numbers per bucket); true with their
+ * the buckets; ARGV: the clock, then each bucket's numbers); true with their
  * decisions filled when Redis answered.
  */
 static bool
@@ -42,7 +42,7 @@ group_redis(void *arg, RedisFailure *failure)
 {
 	Group	   *group = arg;
 	const char **keys = palloc(group->asked * sizeof(char *));
-	const char **args = palloc((1 + 5 * group->asked) * sizeof(char *));
+	const char **args = palloc((1 + TOKEN_BUCKET_ARGS * group->asked) * sizeof(char *));
 	RedisCall	call = {0};
 	int			n = 0;
 
@@ -52,13 +52,14 @@ group_redis(void *arg, RedisFailure *failure)
 		if (group->fixed[i])
 			continue;
 		keys[n] = decision_key(&group->requests[i]);
-		decision_bucket_args(&group->requests[i], &args[1 + 5 * n]);
+		token_bucket_args(&group->requests[i].policy.bucket, group->requests[i].cost,
+						  &args[1 + TOKEN_BUCKET_ARGS * n]);
 		n++;
 	}
-	call.script = &token_bucket_take;
+	call.script = token_bucket_script(BUCKET_TAKE);
 	call.nkeys = n;
 	call.keys = keys;
-	call.nargs = 1 + 5 * n;
+	call.nargs = 1 + TOKEN_BUCKET_ARGS * n;
 	call.args = args;
 	call.nresults = 4 * n;
 	call.results = palloc(4 * n * sizeof(long long));

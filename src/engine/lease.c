@@ -23,13 +23,13 @@
 
 #include "utils/memutils.h"
 
+#include "algorithm/concurrency.h"
 #include "base/clock.h"
 #include "engine/lease.h"
 #include "engine/ledger.h"
 #include "engine/observer.h"
 #include "policy/subject.h"
 #include "redis/breaker.h"
-#include "scripts.h"
 
 typedef struct Lease
 {
@@ -40,11 +40,6 @@ typedef struct Lease
 	Policy		policy;
 } Lease;
 
-/* The concurrency scripts (lua/concurrency/), one per operation. */
-static const RedisScript concurrency_acquire = REDIS_SCRIPT("concurrency/acquire", script_concurrency_acquire);
-static const RedisScript concurrency_release = REDIS_SCRIPT("concurrency/release", script_concurrency_release);
-static const RedisScript concurrency_peek = REDIS_SCRIPT("concurrency/peek", script_concurrency_peek);
-
 /* One call of a concurrency script, for breaker_call. */
 typedef struct LeaseCall
 {
@@ -52,28 +47,21 @@ typedef struct LeaseCall
 	Decision   *decision;
 } LeaseCall;
 
-/*
- * Fills call with script on key for lease id (empty for a peek): ARGV the
- * clock, the capacity, the lease TTL and the id; allocated in the current
- * memory context.
- */
+/* Fills call with operation's script on key for lease id ("" for a peek), in the current context. */
 static void
-lease_script_call(const RedisScript *script, const Policy *policy, const char *key, const char *id,
+lease_script_call(LeaseOperation operation, const Policy *policy, const char *key, const char *id,
 				  RedisCall *call)
 {
 	const char **keys = palloc(sizeof(char *));
-	const char **args = palloc(4 * sizeof(char *));
+	const char **args = palloc(CONCURRENCY_ARGS * sizeof(char *));
 
 	keys[0] = key;
-	args[0] = clock_test_ms();
-	args[1] = psprintf(INT64_FORMAT, policy->bucket.capacity);
-	args[2] = psprintf(INT64_FORMAT, policy->bucket.ttl_ms);
-	args[3] = id;
+	concurrency_args(policy->bucket.capacity, policy->bucket.ttl_ms, id, args);
 	memset(call, 0, sizeof(*call));
-	call->script = script;
+	call->script = concurrency_script(operation);
 	call->nkeys = 1;
 	call->keys = keys;
-	call->nargs = 4;
+	call->nargs = CONCURRENCY_ARGS;
 	call->args = args;
 	call->nresults = 4;
 	call->results = palloc(4 * sizeof(long long));
@@ -92,20 +80,20 @@ lease_call_redis(void *arg, RedisFailure *failure)
 }
 
 /*
- * Runs script on key for lease id, unless the breaker skips Redis. True with
- * decision filled when Redis answered. Otherwise, when unsure is given, it
- * says whether Redis may have run the script all the same (the request went
- * out, and no answer or an error came back).
+ * Runs operation's script on key for lease id, unless the breaker skips
+ * Redis. True with decision filled when Redis answered. Otherwise, when
+ * unsure is given, it says whether Redis may have run the script all the
+ * same (the request went out, and no answer or an error came back).
  */
 static bool
-lease_call(const RedisScript *script, const Policy *policy, const char *key, const char *id,
+lease_call(LeaseOperation operation, const Policy *policy, const char *key, const char *id,
 		   Decision *decision, bool *unsure)
 {
 	LeaseCall	call = {.decision = decision};
 	RedisFailure failure;
 	bool		answered;
 
-	lease_script_call(script, policy, key, id, &call.call);
+	lease_script_call(operation, policy, key, id, &call.call);
 	answered = breaker_call(lease_call_redis, &call, &failure);
 	engine_observe_redis(policy, answered, &failure, call.call.round_trip_us);
 	/* An error reply counts too: what a failing script wrote stays in Redis. */
@@ -126,7 +114,7 @@ lease_prepare_call(LedgerEntry *entry, RedisCall *call)
 {
 	Lease	   *lease = (Lease *) entry;
 
-	lease_script_call(&concurrency_release, &lease->policy, lease->key, lease->id, call);
+	lease_script_call(LEASE_RELEASE, &lease->policy, lease->key, lease->id, call);
 }
 
 static const char *
@@ -189,7 +177,7 @@ lease_peek(const DecisionRequest *request, Decision *decision)
 	{
 		char	   *key = lease_key(request);
 
-		if (!lease_call(&concurrency_peek, &request->policy, key, "", decision, NULL))
+		if (!lease_call(LEASE_PEEK, &request->policy, key, "", decision, NULL))
 			lease_fail_mode(&request->policy, decision);
 		pfree(key);
 	}
@@ -245,7 +233,7 @@ lease_acquire(const DecisionRequest *request, bool session, Decision *decision)
 	lease->policy = request->policy;
 	MemoryContextSwitchTo(old_context);
 
-	if (!lease_call(&concurrency_acquire, &request->policy, lease->key, lease->id, decision,
+	if (!lease_call(LEASE_ACQUIRE, &request->policy, lease->key, lease->id, decision,
 					&unsure))
 	{
 		lease_fail_mode(&request->policy, decision);
@@ -294,7 +282,7 @@ lease_release(const DecisionRequest *request)
 	found = (Lease *) ledger_find_last(lease_matches, &match);
 	if (found != NULL)
 	{
-		answered = lease_call(&concurrency_release, &found->policy, found->key, found->id,
+		answered = lease_call(LEASE_RELEASE, &found->policy, found->key, found->id,
 							  &decision, NULL);
 		if (answered)
 			ledger_forget(&found->entry);

@@ -252,7 +252,7 @@ rl_policy_invalidate(PG_FUNCTION_ARGS)
 	if (!CALLED_AS_TRIGGER(fcinfo))
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("rl_policy_invalidate must be called as a trigger")));
+				 errmsg("_rl_policy_invalidate must be called as a trigger")));
 	CacheInvalidateRelcacheByRelid(RelationGetRelid(trigdata->tg_relation));
 	policy_cache_changed();
 	PG_RETURN_POINTER(NULL);

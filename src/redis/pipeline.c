@@ -97,12 +97,12 @@ call_reply(int index, const RespValue *reply, void *arg)
  * More room than there are scripts.
  */
 #define SENT_SCRIPTS_MAX 64
-static const RedisScript *sent_scripts[SENT_SCRIPTS_MAX];
+static const LuaScript *sent_scripts[SENT_SCRIPTS_MAX];
 static int	sent_script_count = 0;
 
 /* True when script is one of the count in list; else adds it there, if there is room. */
 static bool
-script_listed(const RedisScript **list, int *count, int room, const RedisScript *script)
+script_listed(const LuaScript **list, int *count, int room, const LuaScript *script)
 {
 	for (int i = 0; i < *count; i++)
 		if (list[i] == script)
@@ -148,7 +148,7 @@ static bool
 redis_send_calls(Pipeline *pipeline, int ncalls, bool again, int64 deadline,
 				 RedisFailure *failure)
 {
-	const RedisScript **loaded = again ? palloc(ncalls * sizeof(RedisScript *)) : NULL;
+	const LuaScript **loaded = again ? palloc(ncalls * sizeof(LuaScript *)) : NULL;
 	int			nloaded = 0;
 	int			count = 0;
 

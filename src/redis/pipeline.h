@@ -6,19 +6,8 @@
 #ifndef RL_PIPELINE_H
 #define RL_PIPELINE_H
 
+#include "base/script.h"
 #include "redis/failure.h"
-
-/* A script, and its SHA1 in hex (both from src/scripts.h, made at build time). */
-typedef struct RedisScript
-{
-	const char *name;
-	const char *body;
-	const char *sha1;
-} RedisScript;
-
-/* The RedisScript of constant script_<x> of src/scripts.h (and its script_<x>_sha1). */
-#define REDIS_SCRIPT(script_name, constant) \
-	{.name = (script_name),.body = constant,.sha1 = constant##_sha1}
 
 /*
  * One script call of a pipeline. keys and args are NUL-terminated strings;
@@ -27,7 +16,7 @@ typedef struct RedisScript
  */
 typedef struct RedisCall
 {
-	const RedisScript *script;
+	const LuaScript *script;
 	int			nkeys;
 	const char *const *keys;
 	int			nargs;

@@ -1,0 +1,20 @@
+/*
+ * script.h
+ *	  A Lua script as Redis runs it: its name, its body and its SHA1, all made
+ *	  at build time (src/scripts.h, from lua/ by dev/embed-lua).
+ */
+#ifndef RL_SCRIPT_H
+#define RL_SCRIPT_H
+
+typedef struct LuaScript
+{
+	const char *name;
+	const char *body;
+	const char *sha1;			/* in hex: what EVALSHA names it by */
+} LuaScript;
+
+/* The LuaScript of constant script_<x> of src/scripts.h (and its script_<x>_sha1). */
+#define LUA_SCRIPT(script_name, constant) \
+	{.name = (script_name),.body = constant,.sha1 = constant##_sha1}
+
+#endif							/* RL_SCRIPT_H */
