@@ -2,7 +2,11 @@
 
 EXTENSION = ratelimit
 MODULE_big = ratelimit
-DATA = $(wildcard sql/ratelimit--*.sql)
+EXTVERSION = $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" $(srcdir)/ratelimit.control)
+# The install script of the default version is built from sql/ratelimit.sql (edited by
+# hand); the others are the older versions' full scripts and the update scripts.
+DATA_built = sql/ratelimit--$(EXTVERSION).sql
+DATA = $(filter-out $(DATA_built),$(wildcard sql/ratelimit--*.sql))
 # One folder per layer, lowest first (CONTRIBUTING.md); each may use only those before it.
 OBJS = $(patsubst %.c,%.o,$(sort \
        $(wildcard src/base/*.c) $(wildcard src/algorithm/*.c) $(wildcard src/redis/*.c) \
@@ -31,5 +35,8 @@ src/scripts.h: $(LUA_PARTS) dev/embed-lua dev/lua-script
 	$(srcdir)/dev/embed-lua $(addprefix $(srcdir)/,$(LUA_SCRIPTS)) > $@.tmp && mv $@.tmp $@
 
 $(OBJS) $(OBJS:.o=.bc): src/scripts.h
+
+sql/ratelimit--$(EXTVERSION).sql: sql/ratelimit.sql
+	cp $< $@
 # PGXS does not track headers: a changed struct must rebuild every object.
 $(OBJS): $(wildcard $(srcdir)/src/*.h $(srcdir)/src/*/*.h)

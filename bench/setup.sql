@@ -58,9 +58,9 @@ SELECT p.name, p.version,
        p.capacity * (ms / g) AS capacity_units,
        p.refill_amount / g   AS rate,
        ms / g                AS unit,
-       rl_interval_ms(p.idle_ttl)::bigint AS ttl_ms
+       _rl_interval_ms(p.idle_ttl)::bigint AS ttl_ms
   FROM rl_policy p,
-       LATERAL (SELECT rl_interval_ms(p.refill_period)::bigint AS ms) m,
+       LATERAL (SELECT _rl_interval_ms(p.refill_period)::bigint AS ms) m,
        LATERAL (SELECT gcd(p.refill_amount, m.ms) AS g) d;
 
 -- Phase 2 (Redis stopped, the breaker open): the same kind of decisions from the fail modes.

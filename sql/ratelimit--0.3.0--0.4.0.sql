@@ -5,6 +5,25 @@
 -- untrusted role may have put look-alikes.
 \echo Use "ALTER EXTENSION ratelimit UPDATE TO '0.4.0'" to load this file. \quit
 
+-- Functions that only the extension's own tables, constraints and views call are named
+-- _rl_*, apart from the public rl_* API. Triggers, constraints and the view follow a
+-- renamed function by itself; the PL/pgSQL bodies that call one by name are replaced
+-- below, with the new names in their messages.
+ALTER FUNCTION @extschema@.rl_interval_ms(interval) RENAME TO _rl_interval_ms;
+ALTER FUNCTION @extschema@.rl_interval_is_whole_ms(interval) RENAME TO _rl_interval_is_whole_ms;
+ALTER FUNCTION @extschema@.rl_bucket_is_exact(bigint, bigint, interval) RENAME TO _rl_bucket_is_exact;
+ALTER FUNCTION @extschema@.rl_refill_ms(bigint, bigint, interval) RENAME TO _rl_refill_ms;
+ALTER FUNCTION @extschema@.rl_local_available() RENAME TO _rl_local_available;
+ALTER FUNCTION @extschema@.rl_limits(jsonb) RENAME TO _rl_limits;
+ALTER FUNCTION @extschema@.rl_inserted_version(text, text, text, jsonb) RENAME TO _rl_inserted_version;
+ALTER FUNCTION @extschema@.rl_policy_record() RENAME TO _rl_policy_record;
+ALTER FUNCTION @extschema@.rl_policy_set_version() RENAME TO _rl_policy_set_version;
+ALTER FUNCTION @extschema@.rl_override_set_version() RENAME TO _rl_override_set_version;
+ALTER FUNCTION @extschema@.rl_policy_invalidate() RENAME TO _rl_policy_invalidate;
+ALTER FUNCTION @extschema@.rl_stats_read() RENAME TO _rl_stats_read;
+-- (The view's columns are named after the function it reads: made again, they follow.)
+CREATE OR REPLACE VIEW @extschema@.rl_stats AS SELECT * FROM @extschema@._rl_stats_read();
+
 -- Versions start again at 1 when the extension is dropped and created again, so every
 -- key also names the installation: a random id chosen when the extension is created,
 -- kept by pg_dump (a restored database reads the same buckets). An installation
@@ -29,7 +48,7 @@ ALTER TABLE @extschema@.rl_policy
     ADD CONSTRAINT rl_policy_capacity_bound_check
         CHECK (capacity OPERATOR(pg_catalog.<) 9007199254740992::bigint) NOT VALID,
     ADD CONSTRAINT rl_policy_idle_ttl_bound_check
-        CHECK (idle_ttl IS NULL OR @extschema@.rl_interval_ms(idle_ttl)
+        CHECK (idle_ttl IS NULL OR @extschema@._rl_interval_ms(idle_ttl)
                OPERATOR(pg_catalog.<=) 4503599627370496::numeric) NOT VALID;
 ALTER TABLE @extschema@.rl_override
     ADD CONSTRAINT rl_override_capacity_bound_check
@@ -59,10 +78,10 @@ $$;
 -- history already holds it. rl_inserted_version notes each such row for rl_policy_record
 -- (rl_history_restored, in the backend, for the transaction); only a superuser's insert
 -- can keep its version.
-CREATE FUNCTION @extschema@.rl_history_restored(key text, mark boolean) RETURNS boolean
+CREATE FUNCTION @extschema@._rl_history_restored(key text, mark boolean) RETURNS boolean
 AS 'MODULE_PATHNAME', 'rl_history_restored' LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
-REVOKE ALL ON FUNCTION @extschema@.rl_history_restored(text, boolean) FROM PUBLIC;
-CREATE OR REPLACE FUNCTION @extschema@.rl_inserted_version(object text, name text, subject text, item jsonb)
+REVOKE ALL ON FUNCTION @extschema@._rl_history_restored(text, boolean) FROM PUBLIC;
+CREATE OR REPLACE FUNCTION @extschema@._rl_inserted_version(object text, name text, subject text, item jsonb)
 RETURNS integer
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -74,16 +93,16 @@ BEGIN
                                                    session_user::text)), false)
        OR EXISTS (
         SELECT FROM @extschema@.rl_policy_history h
-        WHERE h.name = rl_inserted_version.name AND h.new IS NOT NULL
+        WHERE h.name = _rl_inserted_version.name AND h.new IS NOT NULL
           AND (h.new ->> 'version')::integer = supplied
-          AND (h.object, h.subject, @extschema@.rl_limits(h.new))
-              IS DISTINCT FROM (rl_inserted_version.object, rl_inserted_version.subject,
-                                @extschema@.rl_limits(item)))
+          AND (h.object, h.subject, @extschema@._rl_limits(h.new))
+              IS DISTINCT FROM (_rl_inserted_version.object, _rl_inserted_version.subject,
+                                @extschema@._rl_limits(item)))
        OR EXISTS (SELECT FROM @extschema@.rl_override o
-                  WHERE o.policy = rl_inserted_version.name AND o.version = supplied
-                    AND (object, o.subject) IS DISTINCT FROM ('override', rl_inserted_version.subject))
+                  WHERE o.policy = _rl_inserted_version.name AND o.version = supplied
+                    AND (object, o.subject) IS DISTINCT FROM ('override', _rl_inserted_version.subject))
        OR EXISTS (SELECT FROM @extschema@.rl_policy p
-                  WHERE p.name = rl_inserted_version.name AND p.version = supplied
+                  WHERE p.name = _rl_inserted_version.name AND p.version = supplied
                     AND object <> 'policy') THEN
         RETURN nextval('@extschema@.rl_policy_version_seq');
     END IF;
@@ -92,14 +111,14 @@ BEGIN
         PERFORM setval('@extschema@.rl_policy_version_seq', supplied);
     END IF;
     IF NOT EXISTS (SELECT FROM @extschema@.rl_policy_history) THEN
-        PERFORM @extschema@.rl_history_restored(
+        PERFORM @extschema@._rl_history_restored(
             object || ':' || name || ':' || coalesce(subject, '') || ':' || supplied, true);
     END IF;
     RETURN supplied;
 END
 $$;
 
-CREATE OR REPLACE FUNCTION @extschema@.rl_policy_record() RETURNS trigger
+CREATE OR REPLACE FUNCTION @extschema@._rl_policy_record() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     who text := coalesce(nullif(current_setting('role'), 'none'), session_user::text);
@@ -111,7 +130,7 @@ BEGIN
     ELSIF TG_RELID = '@extschema@.rl_override'::regclass THEN
         object := 'override';
     ELSE
-        RAISE EXCEPTION 'rl_policy_record is a trigger of rl_policy and rl_override only'
+        RAISE EXCEPTION '_rl_policy_record is a trigger of rl_policy and rl_override only'
             USING ERRCODE = 'trigger_protocol_violated';
     END IF;
     IF TG_OP = 'TRUNCATE' THEN
@@ -125,7 +144,7 @@ BEGIN
     END IF;
     item := CASE WHEN TG_OP = 'DELETE' THEN to_jsonb(OLD) ELSE to_jsonb(NEW) END;
     -- A row of a restore: it comes back before its history, which records it already.
-    IF TG_OP = 'INSERT' AND @extschema@.rl_history_restored(
+    IF TG_OP = 'INSERT' AND @extschema@._rl_history_restored(
            object || ':' || coalesce(item ->> 'name', item ->> 'policy') || ':'
            || coalesce(item ->> 'subject', '') || ':' || (item ->> 'version'), false) THEN
         RETURN NULL;
@@ -135,6 +154,71 @@ BEGIN
             CASE WHEN TG_OP <> 'INSERT' THEN to_jsonb(OLD) END,
             CASE WHEN TG_OP <> 'DELETE' THEN to_jsonb(NEW) END);
     RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION @extschema@._rl_policy_set_version() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_RELID <> '@extschema@.rl_policy'::regclass THEN
+        RAISE EXCEPTION '_rl_policy_set_version is a trigger of rl_policy only'
+            USING ERRCODE = 'trigger_protocol_violated';
+    END IF;
+    IF NEW.fail_mode = 'local' AND (TG_OP = 'INSERT' OR OLD.fail_mode <> 'local')
+       AND NOT @extschema@._rl_local_available() THEN
+        RAISE WARNING 'policy "%" falls back to closed, not local, while Redis cannot answer', NEW.name
+            USING DETAIL = 'Local fallback buckets live in shared memory: ratelimit is not in shared_preload_libraries.',
+                  HINT = 'Add ratelimit to shared_preload_libraries and restart the server.';
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        NEW.version := @extschema@._rl_inserted_version('policy', NEW.name, NULL, to_jsonb(NEW));
+    ELSIF (NEW.algorithm, NEW.capacity, NEW.refill_amount, NEW.refill_period)
+          IS DISTINCT FROM (OLD.algorithm, OLD.capacity, OLD.refill_amount, OLD.refill_period) THEN
+        IF NEW.algorithm <> OLD.algorithm AND EXISTS (
+            SELECT FROM @extschema@.rl_override o WHERE o.policy = OLD.name AND o.action = 'limit') THEN
+            RAISE EXCEPTION 'policy "%" has limit overrides that only fit algorithm "%"', OLD.name, OLD.algorithm
+                USING ERRCODE = 'check_violation', CONSTRAINT = 'rl_override_algorithm_check',
+                      HINT = 'Delete or change its overrides with action ''limit'' first.';
+        END IF;
+        NEW.version := nextval('@extschema@.rl_policy_version_seq');
+    ELSE
+        NEW.version := OLD.version;
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION @extschema@._rl_override_set_version() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    algorithm text;
+BEGIN
+    IF TG_RELID <> '@extschema@.rl_override'::regclass THEN
+        RAISE EXCEPTION '_rl_override_set_version is a trigger of rl_override only'
+            USING ERRCODE = 'trigger_protocol_violated';
+    END IF;
+    -- FOR SHARE: an algorithm change of the policy waits for this override, or this for it.
+    SELECT p.algorithm INTO algorithm FROM @extschema@.rl_policy p WHERE p.name = NEW.policy FOR SHARE;
+    -- (An unknown policy is left to the foreign key, which says so.)
+    -- (A limit without a capacity is left to rl_override_action_fields_check.)
+    IF NEW.action = 'limit' AND algorithm = 'token_bucket' AND NEW.capacity IS NOT NULL
+       AND NEW.refill_amount IS NULL THEN
+        RAISE EXCEPTION 'a limit override of token-bucket policy "%" needs capacity, refill_amount and refill_period', NEW.policy
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'rl_override_algorithm_check';
+    END IF;
+    IF NEW.action = 'limit' AND algorithm = 'concurrency' AND NEW.refill_amount IS NOT NULL THEN
+        RAISE EXCEPTION 'concurrency policy "%" has no refill: a limit override sets only its capacity', NEW.policy
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'rl_override_algorithm_check';
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        NEW.version := @extschema@._rl_inserted_version('override', NEW.policy, NEW.subject, to_jsonb(NEW));
+    ELSIF (NEW.policy, NEW.subject, NEW.action, NEW.capacity, NEW.refill_amount, NEW.refill_period)
+          IS DISTINCT FROM (OLD.policy, OLD.subject, OLD.action, OLD.capacity, OLD.refill_amount, OLD.refill_period) THEN
+        NEW.version := nextval('@extschema@.rl_policy_version_seq');
+    ELSE
+        NEW.version := OLD.version;
+    END IF;
+    RETURN NEW;
 END
 $$;
 

@@ -438,8 +438,8 @@ SELECT expect_error($$INSERT INTO rl_override (policy, subject, action) VALUES (
 SELECT expect_error($$UPDATE rl_override SET action = 'allow'$$);
 SELECT expect_error($$DELETE FROM rl_override$$);
 SELECT expect_error($$TRUNCATE rl_override$$);
-SELECT expect_error($$SELECT rl_override_set_version()$$);
-SELECT expect_error($$SELECT rl_inserted_version('policy', 'ov.api', NULL, '{"version": 1}')$$);
+SELECT expect_error($$SELECT _rl_override_set_version()$$);
+SELECT expect_error($$SELECT _rl_inserted_version('policy', 'ov.api', NULL, '{"version": 1}')$$);
 -- Headers tell limits: no right to them without a grant.
 SELECT expect_error($$SELECT rl_headers(ROW(true, 1, 5, 0, 0, 'ov.api', 1, 'redis')::rl_decision)$$);
 -- Deciding needs no right on rl_override, and the override still applies.

@@ -89,7 +89,7 @@ SELECT expect_error($$SELECT rl_consume('p.broken', 'tenant_1')$$);
 SELECT allowed, source FROM rl_consume('reports.export', 'tenant_broken');
 DELETE FROM rl_policy WHERE name = 'p.broken';
 ALTER TABLE rl_policy ADD CONSTRAINT rl_policy_exact_check
-    CHECK (rl_bucket_is_exact(capacity, refill_amount, refill_period));
+    CHECK (_rl_bucket_is_exact(capacity, refill_amount, refill_period));
 
 -- Every file makes the policies it uses: this one's is gone.
 DELETE FROM rl_policy WHERE name = 'reports.export';

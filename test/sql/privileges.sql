@@ -54,11 +54,11 @@ RESET ROLE;
 SET ROLE regress_app;
 CREATE TEMP TABLE borrowed (name text, algorithm text, capacity bigint, refill_amount bigint,
     refill_period interval, idle_ttl interval, fail_mode text, version integer);
-SELECT expect_error($$CREATE TRIGGER t BEFORE INSERT ON borrowed FOR EACH ROW EXECUTE FUNCTION public.rl_policy_set_version()$$);
+SELECT expect_error($$CREATE TRIGGER t BEFORE INSERT ON borrowed FOR EACH ROW EXECUTE FUNCTION public._rl_policy_set_version()$$);
 DROP TABLE borrowed;
 RESET ROLE;
 CREATE TEMP TABLE borrowed (LIKE public.rl_policy);
-CREATE TRIGGER t BEFORE INSERT ON borrowed FOR EACH ROW EXECUTE FUNCTION public.rl_policy_set_version();
+CREATE TRIGGER t BEFORE INSERT ON borrowed FOR EACH ROW EXECUTE FUNCTION public._rl_policy_set_version();
 SELECT expect_error($$INSERT INTO borrowed VALUES ('x', 'token_bucket', 1, 1, '1 s', NULL, 'open', 1)$$);
 DROP TABLE borrowed;
 

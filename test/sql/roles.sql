@@ -1,4 +1,4 @@
--- The privilege model, as the README's recipe: one group role administers policies, one
+-- The privilege model, as docs/operations.md's recipe: one group role administers policies, one
 -- only spends budget. Neither needs to be superuser.
 
 -- Fixtures: the extension and expect_error (test/sql/include/fixtures.sql), quietly.

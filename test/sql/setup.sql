@@ -17,6 +17,6 @@ SELECT proname, has_function_privilege('public', p.oid, 'EXECUTE') AS public_may
 FROM pg_proc p
 WHERE proname IN ('rl_consume', 'rl_enforce', 'rl_reserve', 'rl_peek', 'rl_refund', 'rl_reset',
                   'rl_acquire', 'rl_release', 'rl_consume_all', 'rl_limit_trigger',
-                  'rl_health', 'rl_local_available',
-                  'rl_policy_set_version', 'rl_policy_invalidate')
+                  'rl_health', '_rl_local_available',
+                  '_rl_policy_set_version', '_rl_policy_invalidate')
 ORDER BY 1;

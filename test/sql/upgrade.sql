@@ -14,58 +14,84 @@ SELECT count(*) AS unreachable_versions
 FROM pg_extension_update_paths('ratelimit') p
 WHERE p.source = '0.1.0' AND p.target <> '0.1.0' AND p.path IS NULL;
 
--- What a fresh install has, to compare the upgraded database with.
+-- What a fresh install has, to compare the upgraded database with: every member object,
+-- every column (with its position), constraint, trigger, index, function definition
+-- (body, volatility, security, settings), view, sequence, comment and privilege. One item
+-- per line (a definition's own line breaks are written as \n).
 CREATE FUNCTION pg_temp.extension_shape() RETURNS text
 LANGUAGE sql AS $$
-SELECT string_agg(item, E'\n' ORDER BY item) FROM (
-    SELECT 'object ' || pg_describe_object(classid, objid, 0) AS item
-    FROM pg_depend
+WITH member AS (
+    SELECT classid, objid FROM pg_depend
     WHERE refclassid = 'pg_extension'::regclass AND deptype = 'e'
       AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'ratelimit')
+), relation AS (
+    SELECT objid AS oid FROM member WHERE classid = 'pg_class'::regclass
+    UNION
+    SELECT t.typrelid FROM member m JOIN pg_type t ON t.oid = m.objid
+    WHERE m.classid = 'pg_type'::regclass AND t.typrelid <> 0
+)
+SELECT string_agg(item, E'\n' ORDER BY item) FROM (
+    SELECT 'object ' || pg_describe_object(classid, objid, 0) AS item FROM member
     UNION ALL
-    SELECT 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+    SELECT 'column ' || c.relname || '.' || a.attnum || ' ' || a.attname || ' '
+           || format_type(a.atttypid, a.atttypmod)
            || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
            || coalesce(' default ' || pg_get_expr(d.adbin, d.adrelid), '')
     FROM pg_class c
     JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
     LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
-    WHERE c.relname IN ('rl_policy', 'rl_override', 'rl_policy_history')
-      AND c.relnamespace = 'public'::regnamespace
+    WHERE c.oid IN (SELECT oid FROM relation)
     UNION ALL
-    SELECT 'constraint ' || conrelid::regclass || '.' || conname || ' ' || pg_get_constraintdef(oid)
+    SELECT 'constraint ' || conrelid::regclass || '.' || conname || ' '
+           || replace(pg_get_constraintdef(oid), E'\n', '\n')
+           || CASE WHEN convalidated THEN '' ELSE ' (not validated)' END
     FROM pg_constraint
-    WHERE conrelid IN (SELECT oid FROM pg_class WHERE relnamespace = 'public'::regnamespace
-                         AND relname IN ('rl_policy', 'rl_override', 'rl_policy_history'))
+    WHERE conrelid IN (SELECT oid FROM relation)
     UNION ALL
     SELECT 'trigger ' || tgrelid::regclass || '.' || tgname || ' ' || pg_get_triggerdef(oid)
     FROM pg_trigger
-    WHERE NOT tgisinternal
-      AND tgrelid IN (SELECT oid FROM pg_class WHERE relnamespace = 'public'::regnamespace
-                        AND relname IN ('rl_policy', 'rl_override', 'rl_policy_history'))
+    WHERE NOT tgisinternal AND tgrelid IN (SELECT oid FROM relation)
     UNION ALL
     SELECT 'index ' || pg_get_indexdef(indexrelid)
     FROM pg_index
-    WHERE indrelid IN (SELECT oid FROM pg_class WHERE relnamespace = 'public'::regnamespace
-                         AND relname IN ('rl_policy', 'rl_override', 'rl_policy_history'))
+    WHERE indrelid IN (SELECT oid FROM relation)
+    UNION ALL
+    SELECT 'function ' || replace(pg_get_functiondef(objid), E'\n', '\n')
+    FROM member m JOIN pg_proc p ON p.oid = m.objid
+    WHERE m.classid = 'pg_proc'::regclass
+    UNION ALL
+    SELECT 'view ' || objid::regclass::text || ' ' || replace(pg_get_viewdef(objid), E'\n', '\n')
+    FROM member m JOIN pg_class c ON c.oid = m.objid
+    WHERE m.classid = 'pg_class'::regclass AND c.relkind = 'v'
+    UNION ALL
+    SELECT 'sequence ' || seqrelid::regclass::text || ' ' || format_type(seqtypid, NULL)
+           || ' start ' || seqstart || ' increment ' || seqincrement || ' min ' || seqmin
+           || ' max ' || seqmax || ' cache ' || seqcache || CASE WHEN seqcycle THEN ' cycle' ELSE '' END
+    FROM pg_sequence
+    WHERE seqrelid IN (SELECT objid FROM member WHERE classid = 'pg_class'::regclass)
+    UNION ALL
+    SELECT 'comment ' || pg_describe_object(d.classoid, d.objoid, d.objsubid) || ': ' || d.description
+    FROM pg_description d
+    WHERE (d.classoid, d.objoid) IN (SELECT classid, objid FROM member)
+       OR (d.classoid = 'pg_class'::regclass AND d.objoid IN (SELECT oid FROM relation))
     UNION ALL
     SELECT 'config ' || c::regclass::text
     FROM pg_extension, unnest(extconfig) AS c WHERE extname = 'ratelimit'
     UNION ALL
     SELECT 'acl ' || p.oid::regprocedure::text || ' ' || coalesce(p.proacl::text, 'default')
     FROM pg_proc p
-    WHERE p.oid IN (SELECT objid FROM pg_depend WHERE refclassid = 'pg_extension'::regclass
-                      AND deptype = 'e' AND classid = 'pg_proc'::regclass
-                      AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'ratelimit'))
+    WHERE p.oid IN (SELECT objid FROM member WHERE classid = 'pg_proc'::regclass)
     UNION ALL
     SELECT 'acl ' || c.oid::regclass::text || ' ' || coalesce(c.relacl::text, 'default')
     FROM pg_class c
-    WHERE c.oid IN (SELECT objid FROM pg_depend WHERE refclassid = 'pg_extension'::regclass
-                      AND deptype = 'e' AND classid = 'pg_class'::regclass
-                      AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'ratelimit'))
+    WHERE c.oid IN (SELECT objid FROM member WHERE classid = 'pg_class'::regclass)
 ) AS shape
 $$;
 SELECT pg_temp.extension_shape() AS fresh_shape,
        (SELECT prosrc FROM pg_proc WHERE oid = 'pg_temp.extension_shape'::regproc) AS shape_body \gset
+-- What the comparison covers, by kind.
+SELECT split_part(item, ' ', 1) AS kind, count(*) AS items
+FROM unnest(string_to_array(:'fresh_shape', E'\n')) AS item GROUP BY 1 ORDER BY 1;
 
 CREATE DATABASE regress_upgrade;
 \c regress_upgrade

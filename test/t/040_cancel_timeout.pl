@@ -179,7 +179,7 @@ SKIP:
 			$offset),
 		'the log says the connect timed out');
 
-	# A dead Redis does not cost every call a connect timeout (DESIGN principle 4):
+	# A dead Redis does not cost every call a connect timeout (docs/design.md, principle 4):
 	# until retry_interval has passed, decisions skip it.
 	($elapsed, $d) = timed(sub { $s->consume('slow', 'cancel_subject') });
 	is($d->{source}, 'fail_closed', 'right after the connect timeout: the fail mode decides');

@@ -381,8 +381,8 @@ is($ret, 0, 'CREATE EXTENSION works without shared_preload_libraries') or diag $
 	$ps->quit;
 	unlike(slurp_file($plain->logfile), qr/terminated by signal|TRAP:|PANIC:/,
 		'no backend crashed on the node without preload');
-	is($plain->safe_psql('postgres', 'SELECT rl_local_available()'), 'f',
-		'rl_local_available() says so');
+	is($plain->safe_psql('postgres', 'SELECT _rl_local_available()'), 'f',
+		'_rl_local_available() says so');
 }
 $plain->stop;
 

@@ -420,8 +420,8 @@ $h->quit;
 ### (10) ACL.
 ###
 
-# (10a) The minimal ACL for users (the issue's list; the README lists none
-# yet), the default user off, database 3: every function answers from Redis.
+# (10a) The minimal ACL for users (docs/operations.md, "A Redis user for ratelimit"),
+# the default user off, database 3: every function answers from Redis.
 {
 	$redis->cli('FLUSHALL');
 	my $s = session($node);
