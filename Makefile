@@ -6,13 +6,10 @@ EXTVERSION = $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" $(srcdir)/ratel
 # The install script of the default version is built from sql/ratelimit.sql (edited by
 # hand); the others are the older versions' full scripts and the update scripts.
 DATA_built = sql/ratelimit--$(EXTVERSION).sql
-DATA = $(filter-out $(DATA_built),$(wildcard sql/ratelimit--*.sql))
+DATA = $(filter-out $(DATA_built),$(patsubst $(srcdir)/%,%,$(wildcard $(srcdir)/sql/ratelimit--*.sql)))
 # One folder per layer, lowest first (CONTRIBUTING.md); each may use only those before it.
-OBJS = $(patsubst %.c,%.o,$(sort \
-       $(wildcard src/base/*.c) $(wildcard src/algorithm/*.c) $(wildcard src/redis/*.c) \
-       $(wildcard src/local/*.c) $(wildcard src/policy/*.c) $(wildcard src/engine/*.c) \
-       $(wildcard src/observe/*.c) $(wildcard src/functions/*.c))) src/ratelimit.o
-PG_CPPFLAGS = -I$(srcdir)/src
+OBJS = $(patsubst $(srcdir)/%.c,%.o,$(sort $(foreach layer,base algorithm redis local policy engine observe functions,$(wildcard $(srcdir)/src/$(layer)/*.c)))) src/ratelimit.o
+PG_CPPFLAGS = -I$(srcdir)/src -Isrc
 PG_CFLAGS = -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers
 
 # pg_regress runs against a private server with the library preloaded; dev/run-tests
@@ -27,16 +24,22 @@ PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
+# A build in another directory (make -f <tree>/Makefile VPATH=<tree>) needs the folders.
+ifdef VPATH
+$(shell mkdir -p $(sort $(dir $(OBJS))) sql)
+endif
+
 # Each script, lua/<algorithm>/<operation>.lua or lua/<name>.lua, becomes a C string
 # constant in src/scripts.h, with lua/lib.lua and its algorithm's common.lua before it.
-LUA_PARTS = $(wildcard lua/*.lua lua/*/*.lua)
-LUA_SCRIPTS = $(sort $(filter-out lua/lib.lua %/common.lua,$(LUA_PARTS)))
-src/scripts.h: $(LUA_PARTS) dev/embed-lua dev/lua-script
-	$(srcdir)/dev/embed-lua $(addprefix $(srcdir)/,$(LUA_SCRIPTS)) > $@.tmp && mv $@.tmp $@
+LUA_PARTS = $(wildcard $(srcdir)/lua/*.lua $(srcdir)/lua/*/*.lua)
+LUA_SCRIPTS = $(sort $(filter-out $(srcdir)/lua/lib.lua %/common.lua,$(LUA_PARTS)))
+src/scripts.h: $(LUA_PARTS) $(srcdir)/dev/embed-lua $(srcdir)/dev/lua-script
+	$(srcdir)/dev/embed-lua $(LUA_SCRIPTS) > $@.tmp && mv $@.tmp $@
 
 $(OBJS) $(OBJS:.o=.bc): src/scripts.h
 
-sql/ratelimit--$(EXTVERSION).sql: sql/ratelimit.sql
+sql/ratelimit--$(EXTVERSION).sql: $(srcdir)/sql/ratelimit.sql
 	cp $< $@
+
 # PGXS does not track headers: a changed struct must rebuild every object.
 $(OBJS): $(wildcard $(srcdir)/src/*.h $(srcdir)/src/*/*.h)

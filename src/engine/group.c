@@ -236,42 +236,40 @@ group_denied_by_override(Group *group, int64 retry_ms)
 }
 
 /*
- * Raises an error unless the checks can be taken atomically: one script call
- * is atomic only on one node, which in Redis Cluster means one hash slot, so
- * every subject must have the same hash tag. Called before anything is
- * charged, with 1 to GROUP_MAX_CHECKS checks.
+ * Raises an error unless check `last` can be taken atomically with the checks
+ * before it: one script call is atomic only on one node, which in Redis
+ * Cluster means one hash slot, so every subject must have the hash tag of the
+ * first. Called for each check as it is read, before anything is charged.
  */
 void
-group_check(const DecisionRequest *requests, int count)
+group_check(const DecisionRequest *requests, int last)
 {
 	StringInfoData first_tag;
 	StringInfoData tag;
 
-	Assert(count >= 1 && count <= GROUP_MAX_CHECKS);
+	Assert(last >= 0 && last < GROUP_MAX_CHECKS);
+	if (last == 0)
+		return;
 	initStringInfo(&first_tag);
 	initStringInfo(&tag);
 	subject_hash_tag(&first_tag, requests[0].subject, requests[0].length);
-	for (int i = 1; i < count; i++)
-	{
-		resetStringInfo(&tag);
-		subject_hash_tag(&tag, requests[i].subject, requests[i].length);
-		if (strcmp(tag.data, first_tag.data) != 0)
-			ereport(ERROR,
-					(errhidestmt(true),
-					 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("the checks of rl_consume_all must share one hash tag"),
-					 errdetail("Check %d has another hash tag than check 1, so no single Redis node could take them atomically.",
-							   i + 1),
-					 errhint("Write related subjects as 'tenant/user': the part before the '/' is the hash tag.")));
-	}
+	subject_hash_tag(&tag, requests[last].subject, requests[last].length);
+	if (strcmp(tag.data, first_tag.data) != 0)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("the checks of rl_consume_all must share one hash tag"),
+				 errdetail("Check %d has another hash tag than check 1, so no single Redis node could take them atomically.",
+						   last + 1),
+				 errhint("Write related subjects as 'tenant/user': the part before the '/' is the hash tag.")));
 	pfree(first_tag.data);
 	pfree(tag.data);
 }
 
 /*
- * Decides count checked take requests (see group_check) into decisions, all
- * granted or none charged. A check decided without a bucket (a disabled
- * policy, an 'allow' or 'deny' override) is not sent to Redis; an enforced
+ * Decides count checked take requests (each passed to group_check) into
+ * decisions, all granted or none charged. A check decided without a bucket (a
+ * disabled policy, an 'allow' or 'deny' override) is not sent to Redis; an enforced
  * 'deny' denies the whole group without asking Redis, every check then
  * waiting as long as it.
  */

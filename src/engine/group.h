@@ -11,7 +11,7 @@
 /* The most checks in one group. */
 #define GROUP_MAX_CHECKS 32
 
-extern void group_check(const DecisionRequest *requests, int count);
+extern void group_check(const DecisionRequest *requests, int last);
 extern void group_run(DecisionRequest *requests, Decision *decisions, int count);
 
 #endif							/* RL_GROUP_H */

@@ -298,7 +298,7 @@ ledger_settle(List *due, bool exiting)
 	if (n > 0)
 	{
 		int			timeout_ms = exiting ?
-			Min(deadline_command_timeout_ms, deadline_server_command_timeout_ms()) :
+			Min(deadline_command_timeout_ms, breaker_server_command_timeout_ms()) :
 			deadline_command_timeout_ms;
 		LedgerBatch batch = {
 			.calls = calls,

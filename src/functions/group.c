@@ -49,8 +49,8 @@ RL_SQL_FUNCTION(rl_consume_all)
 		request_check(fcinfo->flinfo->fn_oid, TextDatumGetCString(policies[i]),
 					  VARDATA_ANY(subject), VARSIZE_ANY_EXHDR(subject), &requests[i]);
 		request_cost(&requests[i], BUCKET_TAKE, costs ? DatumGetInt64(costs[i]) : 1);
+		group_check(requests, i);
 	}
-	group_check(requests, count);
 
 	/* Checked before anything is charged: a context that takes no set fails here. */
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);

@@ -144,6 +144,17 @@ server_command_timeout_ms(BreakerState *state)
 }
 
 /*
+ * The command_timeout of the server this backend's Redis belongs to: the
+ * postmaster's when the breaker is shared, else this session's own (a
+ * session that set its own ratelimit.redis_url answers for its own Redis).
+ */
+int
+breaker_server_command_timeout_ms(void)
+{
+	return server_command_timeout_ms(breaker_state());
+}
+
+/*
  * Whether the caller should try Redis: BREAKER_CLOSED (it answers), BREAKER_PROBE
  * (this caller won the one probe), or BREAKER_SKIP.
  */

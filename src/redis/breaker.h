@@ -28,6 +28,7 @@ extern void breaker_shmem_init(void);
 extern bool breaker_call(bool (*attempt) (void *arg, RedisFailure *failure), void *arg,
 						 RedisFailure *failure);
 extern int64 breaker_retry_after_ms(void);
+extern int	breaker_server_command_timeout_ms(void);
 extern void breaker_health(BreakerHealth *health);
 
 #endif							/* RL_BREAKER_H */

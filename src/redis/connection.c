@@ -304,13 +304,10 @@ redis_connect(int64 deadline, RedisFailure *failure)
 	if (password == NULL && !secret_redis_password(&password, &problem))
 		return redis_fail(failure, REDIS_FAILURE_CONFIG, problem);
 
-	connect_deadline = clock_monotonic_us() + (int64) deadline_connect_timeout_ms * 1000;
-	if (deadline != 0)
-		connect_deadline = Min(connect_deadline, deadline);
 	redis_reset_buffers();
 	/* Busy from here: a cancel while connecting leaves it to be closed at abort. */
 	connection.busy = true;
-	if (!socket_open(&url, connect_deadline, failure))
+	if (!socket_open(&url, deadline_connect_timeout_ms, deadline, &connect_deadline, failure))
 	{
 		connection.busy = false;
 		return false;

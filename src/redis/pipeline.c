@@ -139,31 +139,46 @@ call_by_sha(const RedisCall *calls, int ncalls, int i)
 	return !script_used_again(calls, ncalls, i);
 }
 
+/* How redis_send_calls sends: the first time, or again after NOSCRIPT. */
+typedef enum SendPass
+{
+	SEND_FIRST,					/* every call; see call_by_sha */
+	SEND_AGAIN,					/* those that answered NOSCRIPT: one per script with its body */
+	SEND_EACH_BODY				/* those that answered NOSCRIPT again: each with its body */
+} SendPass;
+
 /*
- * Sends the calls still to be sent (all, or again those that answered
- * NOSCRIPT) and reads their replies. Sent again, the first call of each
- * script carries its body, which loads it, and the others name it by SHA1.
+ * Sends the calls still to be sent and reads their replies. Sent again, the
+ * first call of each script carries its body, which loads it, and the others
+ * name it by SHA1; should Redis drop the script before those run (Redis 7.4
+ * evicts scripts that EVAL loaded), they go once more, each with its body.
  */
 static bool
-redis_send_calls(Pipeline *pipeline, int ncalls, bool again, int64 deadline,
+redis_send_calls(Pipeline *pipeline, int ncalls, SendPass pass, int64 deadline,
 				 RedisFailure *failure)
 {
-	const LuaScript **loaded = again ? palloc(ncalls * sizeof(LuaScript *)) : NULL;
+	const LuaScript **loaded = pass == SEND_AGAIN ? palloc(ncalls * sizeof(LuaScript *)) : NULL;
 	int			nloaded = 0;
 	int			count = 0;
 
 	for (int i = 0; i < ncalls; i++)
 	{
 		RedisCall  *call = &pipeline->calls[i];
+		bool		by_sha;
 
-		if (again && !(call->failure.kind == REDIS_FAILURE_REPLY &&
-					   strcmp(call->failure.detail, "NOSCRIPT") == 0))
+		if (pass != SEND_FIRST && !(call->failure.kind == REDIS_FAILURE_REPLY &&
+									strcmp(call->failure.detail, "NOSCRIPT") == 0))
 			continue;
 		/* Sent again: until it answers, it is a request that went out. */
 		memset(&call->failure, 0, sizeof(call->failure));
 		call->failure.maybe_ran = true;
-		redis_append_call(call, again ? script_listed(loaded, &nloaded, ncalls, call->script) :
-						  call_by_sha(pipeline->calls, ncalls, i));
+		if (pass == SEND_FIRST)
+			by_sha = call_by_sha(pipeline->calls, ncalls, i);
+		else if (pass == SEND_AGAIN)
+			by_sha = script_listed(loaded, &nloaded, ncalls, call->script);
+		else
+			by_sha = false;
+		redis_append_call(call, by_sha);
 		pipeline->sent[count++] = i;
 	}
 	if (loaded != NULL)
@@ -220,7 +235,7 @@ redis_run_scripts(RedisCall *calls, int ncalls, int64 deadline, RedisFailure *fa
 		request_deadline = deadline != 0 ? deadline :
 			sent + (int64) deadline_command_timeout_ms * 1000;
 		connection_begin();
-		ok = redis_send_calls(&pipeline, ncalls, false, request_deadline, failure);
+		ok = redis_send_calls(&pipeline, ncalls, SEND_FIRST, request_deadline, failure);
 		/* A connection that broke before any of the request went out is opened again, once. */
 		if (ok || reopened || failure->maybe_ran || failure->kind != REDIS_FAILURE_IO)
 			break;
@@ -228,7 +243,9 @@ redis_run_scripts(RedisCall *calls, int ncalls, int64 deadline, RedisFailure *fa
 		reopened = true;
 	}
 	if (ok && pipeline.resend > 0)
-		ok = redis_send_calls(&pipeline, ncalls, true, request_deadline, failure);
+		ok = redis_send_calls(&pipeline, ncalls, SEND_AGAIN, request_deadline, failure);
+	if (ok && pipeline.resend > 0)
+		ok = redis_send_calls(&pipeline, ncalls, SEND_EACH_BODY, request_deadline, failure);
 	if (ok)
 	{
 		int64		round_trip_us = clock_monotonic_us() - sent;

@@ -263,12 +263,17 @@ fail_and_close(RedisFailure *failure, RedisFailureKind kind, const char *detail)
 }
 
 /*
- * Connects to the URL's server within deadline (clock_monotonic_us time).
- * False, saying why, with nothing left open and the address forgotten, when
- * it cannot.
+ * Connects to the URL's server within timeout_ms, and deadline
+ * (clock_monotonic_us time) when not 0; *connected says when it was done, for
+ * what comes after (AUTH, SELECT) to share the same bound. The timeout starts
+ * once the name is resolved: resolving blocks and cannot be cut short, and a
+ * slow resolver must not read as a Redis that cannot be reached. False,
+ * saying why, with nothing left open and the address forgotten, when it
+ * cannot.
  */
 bool
-socket_open(const RedisUrl *url, int64 deadline, RedisFailure *failure)
+socket_open(const RedisUrl *url, int timeout_ms, int64 deadline, int64 *connect_deadline,
+			RedisFailure *failure)
 {
 	bool		connecting = false;
 
@@ -278,6 +283,10 @@ socket_open(const RedisUrl *url, int64 deadline, RedisFailure *failure)
 		socket_forget_address();
 		return false;
 	}
+	*connect_deadline = clock_monotonic_us() + (int64) timeout_ms * 1000;
+	if (deadline != 0)
+		*connect_deadline = Min(*connect_deadline, deadline);
+	deadline = *connect_deadline;
 #if PG_VERSION_NUM >= 170000
 	wait_set = CreateWaitEventSet(NULL, 3);
 #else

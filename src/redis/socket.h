@@ -9,7 +9,8 @@
 #include "redis/failure.h"
 #include "redis/url.h"
 
-extern bool socket_open(const RedisUrl *url, int64 deadline, RedisFailure *failure);
+extern bool socket_open(const RedisUrl *url, int timeout_ms, int64 deadline,
+						int64 *connect_deadline, RedisFailure *failure);
 extern bool socket_is_open(void);
 extern bool socket_idle_and_open(void);
 extern uint32 socket_wait(uint32 events, int64 deadline);

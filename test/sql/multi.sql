@@ -141,6 +141,8 @@ FROM rl_consume_all(ARRAY['multi.tenant', 'multi.user'], ARRAY['globex', 'globex
 SELECT expect_error($$SELECT * FROM rl_consume_all(ARRAY['multi.user', 'multi.user'], ARRAY['acme/bob', 'globex/bob'])$$);
 SELECT expect_error($$SELECT * FROM rl_consume_all(ARRAY['multi.tenant', 'multi.tenant'], ARRAY['acme', 'globex'])$$);
 SELECT expect_error($$SELECT * FROM rl_consume_all(ARRAY['multi.tenant', 'multi.user', 'multi.user'], ARRAY['acme', 'acme/bob', 'globex/bob'])$$);
+-- Checks are read in order: check 2's other tag is the error, not check 3's unknown policy.
+SELECT expect_error($$SELECT * FROM rl_consume_all(ARRAY['multi.tenant', 'multi.tenant', 'multi.nope'], ARRAY['acme', 'globex', 'acme/x'])$$);
 -- The whole error, as a client sees it.
 SELECT * FROM rl_consume_all(ARRAY['multi.user', 'multi.user'], ARRAY['acme/bob', 'globex/bob']);
 -- Case matters: "Acme" is another tag.

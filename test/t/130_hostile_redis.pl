@@ -416,6 +416,54 @@ $h->quit;
 	$fake->stop;
 }
 
+# (8e) A Redis that never keeps a script (as Redis 7.4 may evict one EVAL loaded):
+# every EVALSHA answers NOSCRIPT, every EVAL decides. A rollback's three refunds go
+# in one pipeline: the first carries the script; the other two answer NOSCRIPT, go
+# again, the first of them with the script; the last answers NOSCRIPT once more and
+# goes with the script too. All three are refunded, none is lost.
+{
+	my $dir = PostgreSQL::Test::Utils::tempdir();
+	my $record = "$dir/commands";
+	my $fake = fake_redis_start(
+		reply => sub {
+			my ($command) = @_;
+			open(my $fh, '>>', $record) or die "cannot append to $record: $!";
+			print $fh "$command\n";
+			close $fh;
+			return $command eq 'EVALSHA' ? "-NOSCRIPT No matching script\r\n"
+			  : $command eq 'EVAL' ? "*4\r\n:1\r\n:5\r\n:0\r\n:0\r\n" : "-ERR unexpected\r\n";
+		});
+	my $s = session($node);
+	set_url($s, $fake->url);
+	my $offset = log_offset($node);
+	$s->query_ok('BEGIN');
+	for my $n (1 .. 3)
+	{
+		is( $s->query_ok(
+				sprintf("SELECT allowed, source FROM rl_reserve('h.closed', %s, 1)",
+					quote_literal("$subject{refund}_$n"))),
+			't|redis',
+			"(8e) reservation $n: decided by EVAL after NOSCRIPT");
+	}
+	unlink $record;
+	$s->query_ok('ROLLBACK');
+	my $commands = '';
+	my $deadline = time + 5;
+	while (time < $deadline)
+	{
+		$commands = -e $record ? slurp_file($record) : '';
+		last if ($commands =~ tr/\n//) >= 6;
+		usleep(10_000);
+	}
+	is($commands, "EVAL\nEVALSHA\nEVALSHA\nEVAL\nEVALSHA\nEVAL\n",
+		'(8e) the refunds: one with the script, two NOSCRIPT, one of them with the script, the last NOSCRIPT again and then with it');
+	is($s->query_ok('SELECT 1'), '1', '(8e) the session is out of its transaction');
+	unlike(join("\n", pid_lines($offset, $s->pid)), qr/not been refunded|not refunded/,
+		'(8e) no refund is lost');
+	$s->quit;
+	$fake->stop;
+}
+
 ###
 ### (10) ACL.
 ###
