@@ -10,6 +10,8 @@ DATA = $(filter-out $(DATA_built),$(patsubst $(srcdir)/%,%,$(wildcard $(srcdir)/
 # One folder per layer, lowest first (CONTRIBUTING.md); each may use only those before it.
 OBJS = $(patsubst $(srcdir)/%.c,%.o,$(sort $(foreach layer,base algorithm redis local policy engine observe functions,$(wildcard $(srcdir)/src/$(layer)/*.c)))) src/ratelimit.o
 PG_CPPFLAGS = -I$(srcdir)/src -Isrc
+# TLS to Redis (rediss://) with OpenSSL, as PostgreSQL itself uses it.
+SHLIB_LINK = -lssl -lcrypto
 PG_CFLAGS = -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers
 
 # pg_regress runs against a private server with the library preloaded; dev/run-tests

@@ -26,6 +26,7 @@
 #include "redis/breaker.h"
 #include "redis/connection.h"
 #include "redis/deadline.h"
+#include "redis/tls.h"
 #include "redis/url.h"
 
 PG_MODULE_MAGIC;
@@ -106,6 +107,7 @@ _PG_init(void)
 	log_privacy_init();
 	/* redis */
 	redis_url_init();
+	tls_init();
 	deadline_init();
 	connection_init();
 	breaker_init();

@@ -1,7 +1,7 @@
 /*
  * secret.c
- *	  The two secrets (the Redis password, the subject secret): where they may
- *	  come from, and the files that can hold them.
+ *	  The secrets (the Redis and sentinel passwords, the subject secret, a TLS
+ *	  key): where they may come from, and the files that can hold them.
  *
  * A secret must be readable by superusers (and pg_read_all_settings) alone,
  * in every set-up. Settings marked superuser-only are that, with one gap each
@@ -15,8 +15,9 @@
  *
  * The way that works in every set-up, with or without preloading, is a file
  * readable only by the server's operating-system user:
- * ratelimit.redis_password_file and ratelimit.subject_secret_file name it,
- * and nothing secret then passes through a setting, a catalog or a log line.
+ * ratelimit.redis_password_file, ratelimit.sentinel_password_file,
+ * ratelimit.subject_secret_file and ratelimit.tls_key_file name one, and
+ * nothing secret then passes through a setting, a catalog or a log line.
  */
 #include "prelude.h"
 
@@ -35,6 +36,7 @@
 static char *subject_secret = NULL;
 static char *subject_secret_file = NULL;
 static char *redis_password_file = NULL;
+static char *sentinel_password_file = NULL;
 static bool library_preloaded = false;
 
 /* Why the last value of a setting was refused from a non-interactive source; "" if it was not. */
@@ -51,6 +53,7 @@ typedef struct SecretFile
 } SecretFile;
 
 static SecretFile redis_password;
+static SecretFile sentinel_password;
 static SecretFile subject_key;
 
 /* The setting that names a file for the secret that setting name carries. */
@@ -229,6 +232,73 @@ secret_redis_password(const char **password, const char **problem)
 }
 
 /*
+ * The sentinels' password in ratelimit.sentinel_password_file, or NULL when
+ * none is set. False, with a short problem, when the file cannot be used.
+ */
+bool
+secret_sentinel_password(const char **password, const char **problem)
+{
+	*password = NULL;
+	if (sentinel_password_file == NULL || sentinel_password_file[0] == '\0')
+		return true;
+	*problem = secret_file_read(&sentinel_password, sentinel_password_file,
+								"ratelimit.sentinel_password_file");
+	if (*problem != NULL)
+		return false;
+	*password = sentinel_password.value;
+	return true;
+}
+
+/*
+ * Reads the whole private file at path (a TLS key) into out, palloc'd, at most
+ * max_bytes. As PostgreSQL asks of its own key file: a regular file, of the
+ * server's user and readable by it alone, or of root and readable by root's
+ * group at most. False, with a short problem naming setting, when it is not.
+ */
+bool
+secret_read_private_file(const char *path, const char *setting, int max_bytes,
+						 StringInfo out, const char **problem)
+{
+	static char reason[96];
+	struct stat seen;
+	int			fd;
+	ssize_t		length;
+
+	*problem = reason;
+	fd = OpenTransientFile(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | PG_BINARY);
+	if (fd < 0 || fstat(fd, &seen) != 0)
+	{
+		if (fd >= 0)
+			CloseTransientFile(fd);
+		snprintf(reason, sizeof(reason), "cannot read %s", setting);
+		return false;
+	}
+	if (!S_ISREG(seen.st_mode) ||
+		!((seen.st_uid == geteuid() && (seen.st_mode & (S_IRWXG | S_IRWXO)) == 0) ||
+		  (seen.st_uid == 0 && (seen.st_mode & (S_IWGRP | S_IXGRP | S_IRWXO)) == 0)))
+	{
+		CloseTransientFile(fd);
+		snprintf(reason, sizeof(reason), "%s: others may read it", setting);
+		return false;
+	}
+	initStringInfo(out);
+	enlargeStringInfo(out, max_bytes + 1);
+	length = read(fd, out->data, max_bytes + 1);
+	CloseTransientFile(fd);
+	if (length <= 0 || length > max_bytes)
+	{
+		explicit_bzero(out->data, out->maxlen);
+		snprintf(reason, sizeof(reason), length < 0 ? "cannot read %s" :
+				 length == 0 ? "%s: file is empty" : "%s: file too long", setting);
+		return false;
+	}
+	out->len = length;
+	out->data[length] = '\0';
+	*problem = NULL;
+	return true;
+}
+
+/*
  * The key of the subject hash: ratelimit.subject_secret_file's secret, else
  * ratelimit.subject_secret (empty: unkeyed). Raises 55000 when the secret
  * that was set cannot be used: hashing without it would put subjects in other
@@ -310,5 +380,10 @@ secret_init(bool preloaded)
 	DefineCustomStringVariable("ratelimit.redis_password_file",
 							   "File holding the Redis password, for a ratelimit.redis_url without one; readable by the server's user alone.",
 							   NULL, &redis_password_file, "", PGC_SIGHUP, GUC_NOT_IN_SAMPLE,
+							   NULL, NULL, NULL);
+	DefineCustomStringVariable("ratelimit.sentinel_password_file",
+							   "File holding the password of the sentinels a redis-sentinel:// URL names; readable by the server's user alone.",
+							   "The data nodes' password is the URL's, or ratelimit.redis_password_file's.",
+							   &sentinel_password_file, "", PGC_SIGHUP, GUC_NOT_IN_SAMPLE,
 							   NULL, NULL, NULL);
 }

@@ -16,14 +16,20 @@
 #include "observe/stats.h"
 #include "policy/subject.h"
 #include "redis/breaker.h"
+#include "redis/connection.h"
 
-/* rl_health(): Redis reachable or not since when, the breaker, the local buckets. */
+/*
+ * rl_health(): Redis reachable or not since when, the breaker, the local
+ * buckets, the last error and when, the node in use. (Installations not yet
+ * updated to 0.5.0 have the first eight columns.)
+ */
 RL_SQL_FUNCTION(rl_health)
 {
 	BreakerHealth health;
 	TupleDesc	desc;
-	Datum		values[8];
-	bool		nulls[8] = {0};
+	Datum		values[10];
+	bool		nulls[10] = {0};
+	const char *node = connection_node();
 	int			in_use,
 				slots;
 
@@ -48,6 +54,14 @@ RL_SQL_FUNCTION(rl_health)
 	values[5] = Int32GetDatum(in_use);
 	values[6] = Int32GetDatum(slots);
 	values[7] = BoolGetDatum(health.shared);
+	/* Since 0.5.0: when the last error was seen, and the node this backend uses. */
+	if (desc->natts >= 10)
+	{
+		values[8] = TimestampTzGetDatum(health.last_failure_at);
+		nulls[8] = health.last_failure.kind == REDIS_FAILURE_NONE;
+		values[9] = CStringGetTextDatum(node);
+		nulls[9] = node[0] == '\0';
+	}
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(desc), values, nulls)));
 }
 

@@ -2,12 +2,13 @@
  * breaker.c
  *	  Remembers that Redis is down, so that decisions stop waiting for it.
  *
- * After a failure that says Redis cannot be reached (connect refused or timed
- * out, a command timed out), decisions skip Redis for ratelimit.retry_interval
- * and go straight to their fail mode. Then one caller, and only one, probes
- * Redis with a real decision; its success closes the breaker for everyone.
- * Failures that come from a Redis that answers (an error reply, a connection
- * cut once) do not trip it.
+ * After a failure that says Redis cannot serve anyone (connect refused or
+ * timed out, a command timed out, TLS or Sentinel failing, a new connection
+ * dropped at once, a node that is a replica, loading or without its master),
+ * decisions skip Redis for ratelimit.retry_interval and go straight to their
+ * fail mode. Then one caller, and only one, probes Redis with a real decision;
+ * its success closes the breaker for everyone. Failures that come from a Redis
+ * that serves (another error reply, an old connection cut once) do not trip it.
  *
  * With shared_preload_libraries the state lives in shared memory, so an outage
  * costs the whole server one timeout per retry_interval instead of one per
@@ -37,6 +38,7 @@ typedef struct BreakerState
 	bool		reachable;
 	TimestampTz since;
 	RedisFailure last_failure;
+	TimestampTz last_failure_at;
 } BreakerState;
 
 typedef enum BreakerAttempt
@@ -114,12 +116,25 @@ breaker_shmem_init(void)
 		breaker_state_init(shared_breaker);
 }
 
-/* True for failures that mean Redis cannot be reached at all. */
+/* True for failures that mean Redis cannot serve anyone now. */
 static bool
-failure_trips(RedisFailureKind kind)
+failure_trips(const RedisFailure *failure)
 {
-	return kind == REDIS_FAILURE_CONNECT || kind == REDIS_FAILURE_TIMEOUT ||
-		kind == REDIS_FAILURE_CONFIG;
+	switch (failure->kind)
+	{
+		case REDIS_FAILURE_CONNECT:
+		case REDIS_FAILURE_TIMEOUT:
+		case REDIS_FAILURE_CONFIG:
+		case REDIS_FAILURE_TLS:
+		case REDIS_FAILURE_SENTINEL:
+			return true;
+		case REDIS_FAILURE_IO:
+			/* A connection dropped as soon as it was made: Redis drops them all. */
+			return failure->new_connection;
+		default:
+			/* A node that cannot serve anyone (a replica, loading, without its master). */
+			return redis_failure_wrong_node(failure->kind);
+	}
 }
 
 /* The open_until_us this backend wrote when it claimed the probe; 0: none. */
@@ -209,7 +224,7 @@ breaker_release_probe(BreakerState *state)
 static bool
 failure_is_local(BreakerState *state, const RedisFailure *failure)
 {
-	if (failure->kind == REDIS_FAILURE_IO || failure->backend_only)
+	if ((failure->kind == REDIS_FAILURE_IO && !failure->new_connection) || failure->backend_only)
 		return true;
 	if (failure->kind == REDIS_FAILURE_TIMEOUT && state == shared_breaker)
 		return deadline_command_timeout_ms < server_command_timeout_ms(state) ||
@@ -221,10 +236,20 @@ failure_is_local(BreakerState *state, const RedisFailure *failure)
 static void
 breaker_record(BreakerState *state, const RedisFailure *failure)
 {
-	bool		reachable = !failure_trips(failure->kind);
+	bool		reachable = !failure_trips(failure);
 
 	if (failure_is_local(state, failure))
 	{
+		/* Shown, but it moves nothing: it says nothing of Redis for the others. */
+		if (failure->kind != REDIS_FAILURE_NONE)
+		{
+			TimestampTz now = GetCurrentTimestamp();
+
+			SpinLockAcquire(&state->mutex);
+			state->last_failure = *failure;
+			state->last_failure_at = now;
+			SpinLockRelease(&state->mutex);
+		}
 		breaker_release_probe(state);
 		return;
 	}
@@ -252,7 +277,10 @@ breaker_record(BreakerState *state, const RedisFailure *failure)
 			state->since = now;
 		}
 		if (failure->kind != REDIS_FAILURE_NONE)
+		{
 			state->last_failure = *failure;
+			state->last_failure_at = now;
+		}
 		SpinLockRelease(&state->mutex);
 	}
 }
@@ -318,6 +346,7 @@ breaker_health(BreakerHealth *health)
 	health->reachable = state->reachable;
 	health->since = state->since;
 	health->last_failure = state->last_failure;
+	health->last_failure_at = state->last_failure_at;
 	SpinLockRelease(&state->mutex);
 	health->open = until != 0;
 	health->retry_in_ms = until > now ? (until - now + 999) / 1000 : 0;

@@ -17,6 +17,7 @@ typedef struct BreakerHealth
 	TimestampTz since;			/* when reachable last changed (0: never tried) */
 	int64		retry_in_ms;	/* until the next probe, when open */
 	RedisFailure last_failure;	/* the last failure seen, kind NONE if none yet */
+	TimestampTz last_failure_at;	/* when (0: never) */
 	bool		shared;			/* kept in shared memory for the whole server */
 } BreakerHealth;
 

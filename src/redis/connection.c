@@ -2,224 +2,89 @@
  * connection.c
  *	  One Redis connection per backend, opened lazily, used without ever blocking.
  *
- * The socket (socket.c) is non-blocking and every wait serves interrupts; each
- * exchange has one deadline. Commands are written and replies read by resp.c,
- * which bounds what a reply may make the backend hold; pipeline.c says what to
- * send. Opening a connection is connecting, then AUTH and SELECT as the URL asks.
+ * Opening it is: for a Sentinel URL, finding the master (sentinel.c); then
+ * connecting (stream.c: the socket, with TLS for rediss://), and AUTH, SELECT
+ * and, for a Sentinel URL, ROLE in one round trip, all within
+ * connect_timeout. A node that ROLE says is not the master is not used.
+ * Requests then go through exchange.c, one deadline each; pipeline.c says what
+ * to send.
  *
  * A connection whose request was cut off (deadline, error, interrupt) is
  * closed, never reused: it might still deliver the old answer. An idle
  * connection that Redis closed meanwhile (a restart, a timeout, CLIENT KILL)
  * is noticed before the request is written and opened again within the same
- * call; only a request that Redis may have run goes to the fail mode.
+ * call; only a request that Redis may have run goes to the fail mode. A
+ * connection is closed too when its node says it cannot serve (READONLY,
+ * LOADING, MASTERDOWN), so that the next one finds the master again.
  */
 #include "prelude.h"
 
 #include "access/xact.h"
-#include "miscadmin.h"
-#include "storage/latch.h"
+#include "utils/guc.h"
 #include "utils/memutils.h"
 
 #include "base/clock.h"
 #include "base/secret.h"
 #include "redis/connection.h"
 #include "redis/deadline.h"
-#include "redis/socket.h"
+#include "redis/exchange.h"
+#include "redis/sentinel.h"
+#include "redis/stream.h"
+#include "redis/tls.h"
 #include "redis/url.h"
-
-/* Bytes read from the socket at once. */
-#define REDIS_READ_CHUNK 16384
-/* A buffer grown past this by a large pipeline is freed after use. */
-#define REDIS_BUFFER_KEEP 65536
 
 typedef struct RedisConnection
 {
 	char	   *url;			/* the ratelimit.redis_url it was opened with */
 	bool		busy;			/* a request is under way (or was cut off) */
-	StringInfoData output;		/* commands to send; output_sent bytes of them are sent */
-	int			output_sent;
-	StringInfoData input;		/* bytes received; from input_start on, not yet read */
-	int			input_start;
+	char		node[300];		/* the node it is connected to, for rl_health ("" none) */
+	uint32		tls_generation; /* tls_settings_generation() when it was opened */
+	/* A connection found through Sentinel: the master's address, when to ask again. */
+	bool		sentinel;
+	char		master_host[256];
+	int			master_port;
+	int64		next_check_us;
 } RedisConnection;
 
 static RedisConnection connection = {0};
-static MemoryContext redis_context = NULL;
+static RedisStream stream = REDIS_STREAM_CLOSED;
 
-/* Empties the buffers, and gives back the memory of any that a large pipeline grew. */
-static void
-redis_reset_buffers(void)
-{
-	if (redis_context == NULL)
-		redis_context = AllocSetContextCreate(TopMemoryContext, "ratelimit redis",
-											  ALLOCSET_SMALL_SIZES);
-	if (connection.output.data == NULL || connection.output.maxlen > REDIS_BUFFER_KEEP ||
-		connection.input.maxlen > REDIS_BUFFER_KEEP)
-	{
-		MemoryContext old_context = MemoryContextSwitchTo(redis_context);
-
-		if (connection.output.data != NULL)
-		{
-			pfree(connection.output.data);
-			pfree(connection.input.data);
-		}
-		initStringInfo(&connection.output);
-		initStringInfo(&connection.input);
-		MemoryContextSwitchTo(old_context);
-	}
-	resetStringInfo(&connection.output);
-	resetStringInfo(&connection.input);
-	connection.output_sent = 0;
-	connection.input_start = 0;
-}
+/* How often a connection found through Sentinel checks that its node is still the master. */
+static int	sentinel_check_interval_ms = 1000;
 
 /* Closes the connection and frees everything it holds. */
 static void
 redis_disconnect(void)
 {
-	socket_close();
+	stream_close(&stream);
 	if (connection.url != NULL)
 		pfree(connection.url);
 	connection.url = NULL;
 	connection.busy = false;
-	redis_reset_buffers();
+	exchange_reset();
 }
 
 /*
- * Like redis_fail(), and closes the connection, whose state is now unknown. The
- * resolved address goes too: after a failover the name may point elsewhere.
+ * Runs an exchange on the connection. On failure the connection, whose state
+ * is now unknown, is closed, and the resolved address goes too: after a
+ * failover the name may point elsewhere.
  */
-static bool
-fail_and_disconnect(RedisFailure *failure, RedisFailureKind kind, const char *detail)
+bool
+connection_exchange(int nreplies, int64 deadline, ExchangeReplyHandler handler, void *arg,
+					RedisFailure *failure)
 {
-	redis_fail(failure, kind, detail);
+	Assert(stream_is_open(&stream) && connection.busy);
+	if (exchange_run(&stream, nreplies, deadline, handler, arg, failure))
+		return true;
 	redis_disconnect();
 	socket_forget_address();
 	return false;
 }
 
-/* Sends what the socket takes of the pending output; false (disconnected) on an error. */
-static bool
-redis_send(RedisFailure *failure)
-{
-	while (connection.output_sent < connection.output.len)
-	{
-		ssize_t		sent = socket_send(connection.output.data + connection.output_sent,
-									   connection.output.len - connection.output_sent);
-
-		if (sent > 0)
-			connection.output_sent += sent;
-		else if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-			return true;
-		else
-		{
-			failure->maybe_ran = connection.output_sent > 0;
-			return fail_and_disconnect(failure, REDIS_FAILURE_IO, "write failed");
-		}
-	}
-	return true;
-}
-
-/* Reads what the socket has into the input buffer; false (disconnected) on end or error. */
-static bool
-redis_receive(RedisFailure *failure)
-{
-	StringInfo	input = &connection.input;
-	ssize_t		received;
-
-	/* What was read already goes; what is left (part of a reply) moves to the front. */
-	if (connection.input_start > 0)
-	{
-		memmove(input->data, input->data + connection.input_start,
-				input->len - connection.input_start);
-		input->len -= connection.input_start;
-		input->data[input->len] = '\0';
-		connection.input_start = 0;
-	}
-	enlargeStringInfo(input, REDIS_READ_CHUNK);
-	received = socket_receive(input->data + input->len, REDIS_READ_CHUNK);
-	if (received > 0)
-	{
-		input->len += received;
-		input->data[input->len] = '\0';
-		return true;
-	}
-	if (received < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-		return true;
-	failure->maybe_ran = connection.output_sent > 0;
-	return fail_and_disconnect(failure, REDIS_FAILURE_IO,
-							   received == 0 ? "connection closed" : "read failed");
-}
-
-/*
- * Sends the pending output and reads nreplies replies, handing each to handler
- * as it is complete; one deadline for it all. False (disconnected) when the
- * exchange could not be completed.
- */
-bool
-connection_exchange(int nreplies, int64 deadline, ConnectionReplyHandler handler, void *arg,
-					RedisFailure *failure)
-{
-	int			received = 0;
-	RespScanner scanner;
-
-	Assert(socket_is_open() && connection.busy);
-	resp_scanner_start(&scanner);
-	for (;;)
-	{
-		uint32		events;
-		uint32		occurred;
-
-		if (!redis_send(failure))
-			return false;
-		while (received < nreplies)
-		{
-			const char *start = connection.input.data + connection.input_start;
-			size_t		length;
-			RespValue	reply;
-
-			switch (resp_scan(&scanner, start, connection.input.len - connection.input_start,
-							  &length))
-			{
-				case RESP_INCOMPLETE:
-					break;
-				case RESP_COMPLETE:
-					resp_read(start, &reply);
-					handler(received++, &reply, arg);
-					connection.input_start += length;
-					resp_scanner_start(&scanner);
-					continue;
-				case RESP_MALFORMED:
-					failure->maybe_ran = true;
-					return fail_and_disconnect(failure, REDIS_FAILURE_PROTOCOL, "malformed reply");
-				case RESP_TOO_LARGE:
-					failure->maybe_ran = true;
-					return fail_and_disconnect(failure, REDIS_FAILURE_PROTOCOL, "reply too large");
-			}
-			break;
-		}
-		if (received == nreplies)
-		{
-			redis_reset_buffers();
-			return true;
-		}
-		events = WL_SOCKET_READABLE;
-		if (connection.output_sent < connection.output.len)
-			events |= WL_SOCKET_WRITEABLE;
-		occurred = socket_wait(events, deadline);
-		if (occurred == 0)
-		{
-			failure->maybe_ran = connection.output_sent > 0;
-			return fail_and_disconnect(failure, REDIS_FAILURE_TIMEOUT,
-									   ProcDiePending ? "backend terminating" : "no answer in time");
-		}
-		if ((occurred & WL_SOCKET_READABLE) && !redis_receive(failure))
-			return false;
-	}
-}
-
-/* The first error reply of a handshake, for redis_handshake. */
+/* What the handshake found: the first error reply, and whether ROLE said master. */
 typedef struct HandshakeResult
 {
+	int			role_reply;		/* the index of ROLE's reply; -1: not asked */
 	bool		refused;
 	RedisFailure failure;
 } HandshakeResult;
@@ -229,20 +94,36 @@ handshake_reply(int index, const RespValue *reply, void *arg)
 {
 	HandshakeResult *result = arg;
 
-	if (reply->type == RESP_ERROR && !result->refused)
+	if (result->refused)
+		return;
+	if (reply->type == RESP_ERROR)
 	{
 		result->refused = true;
 		redis_fail_with_error(&result->failure, reply->str, reply->length);
 		if (result->failure.kind == REDIS_FAILURE_REPLY)
 			result->failure.kind = REDIS_FAILURE_CONNECT;
 	}
+	else if (index == result->role_reply)
+	{
+		RespIterator elements;
+		RespValue	role;
+
+		resp_iterate(reply, &elements);
+		if (reply->type != RESP_ARRAY || reply->null || !resp_next(&elements, &role) ||
+			!resp_is(&role, "master"))
+		{
+			result->refused = true;
+			redis_fail(&result->failure, REDIS_FAILURE_READONLY, "ROLE: the node is not the master");
+		}
+	}
 }
 
-/* Sends AUTH and SELECT, as the URL asks, in one round trip. */
+/* Sends AUTH, SELECT and ROLE, as the URL asks, in one round trip. */
 static bool
 redis_handshake(const RedisUrl *url, const char *password, int64 deadline, RedisFailure *failure)
 {
-	HandshakeResult result = {0};
+	StringInfo	out = exchange_output();
+	HandshakeResult result = {.role_reply = -1};
 	int			commands = 0;
 
 	if (password != NULL)
@@ -253,7 +134,7 @@ redis_handshake(const RedisUrl *url, const char *password, int64 deadline, Redis
 		if (url->user != NULL)
 			argv[argc++] = url->user;
 		argv[argc++] = password;
-		resp_append_command(&connection.output, argc, argv);
+		resp_append_command(out, argc, argv);
 		commands++;
 	}
 	if (url->database != 0)
@@ -262,8 +143,16 @@ redis_handshake(const RedisUrl *url, const char *password, int64 deadline, Redis
 		const char *argv[2] = {"SELECT", database};
 
 		snprintf(database, sizeof(database), "%d", url->database);
-		resp_append_command(&connection.output, 2, argv);
+		resp_append_command(out, 2, argv);
 		commands++;
+	}
+	/* What a sentinel names may have been demoted since: only the master is used. */
+	if (url->nsentinels > 0)
+	{
+		const char *argv[1] = {"ROLE"};
+
+		resp_append_command(out, 1, argv);
+		result.role_reply = commands++;
 	}
 	if (commands == 0)
 		return true;
@@ -281,15 +170,29 @@ redis_handshake(const RedisUrl *url, const char *password, int64 deadline, Redis
 	return true;
 }
 
+/* Remembers the node connected to, as rl_health shows it (no user, no password). */
+static void
+note_node(const RedisEndpoint *endpoint, const RedisUrl *url)
+{
+	if (endpoint->path != NULL)
+		snprintf(connection.node, sizeof(connection.node), "unix:%s", endpoint->path);
+	else
+		snprintf(connection.node, sizeof(connection.node),
+				 strchr(endpoint->host, ':') ? "[%s]:%d%s" : "%s:%d%s", endpoint->host,
+				 endpoint->port, url->nsentinels > 0 ? " (master of the sentinels)" : "");
+}
+
 /*
- * Opens the connection named by ratelimit.redis_url, with AUTH and SELECT,
- * within connect_timeout (and deadline, when not 0).
+ * Opens the connection named by ratelimit.redis_url: the master of a
+ * Sentinel URL found first, then AUTH, SELECT (and ROLE), each step within
+ * connect_timeout (and deadline, when not 0).
  */
 static bool
 redis_connect(int64 deadline, RedisFailure *failure)
 {
 	const char *current = redis_url_current();
 	RedisUrl	url;
+	RedisEndpoint endpoint = {0};
 	const char *problem;
 	const char *password;
 	int64		connect_deadline;
@@ -304,10 +207,31 @@ redis_connect(int64 deadline, RedisFailure *failure)
 	if (password == NULL && !secret_redis_password(&password, &problem))
 		return redis_fail(failure, REDIS_FAILURE_CONFIG, problem);
 
-	redis_reset_buffers();
+	exchange_reset();
 	/* Busy from here: a cancel while connecting leaves it to be closed at abort. */
 	connection.busy = true;
-	if (!socket_open(&url, deadline_connect_timeout_ms, deadline, &connect_deadline, failure))
+	connection.node[0] = '\0';
+	connection.sentinel = url.nsentinels > 0;
+	if (connection.sentinel)
+	{
+		RedisHostPort master;
+
+		if (!sentinel_find_master(&url, deadline_connect_timeout_ms, deadline, &master, failure))
+		{
+			connection.busy = false;
+			return false;
+		}
+		url.host = master.host;
+		url.port = master.port;
+		strlcpy(connection.master_host, master.host, sizeof(connection.master_host));
+		connection.master_port = master.port;
+		connection.next_check_us = clock_monotonic_us() + (int64) sentinel_check_interval_ms * 1000;
+	}
+	endpoint.path = url.path;
+	endpoint.host = url.host;
+	endpoint.port = url.port;
+	if (!stream_open(&stream, &endpoint, url.tls, deadline_connect_timeout_ms, deadline,
+					 &connect_deadline, failure))
 	{
 		connection.busy = false;
 		return false;
@@ -315,6 +239,8 @@ redis_connect(int64 deadline, RedisFailure *failure)
 	if (!redis_handshake(&url, password, connect_deadline, failure))
 		return false;
 
+	note_node(&endpoint, &url);
+	connection.tls_generation = tls_settings_generation();
 	connection.url = MemoryContextStrdup(TopMemoryContext, current);
 	connection.busy = false;
 	return true;
@@ -322,21 +248,52 @@ redis_connect(int64 deadline, RedisFailure *failure)
 
 /*
  * True when the open connection can carry a request: none was cut off on it,
- * it was opened for the current URL, and Redis has not closed it meanwhile (an
- * idle connection has nothing to read; end of file or stray bytes mean it is
- * gone). Closes it otherwise.
+ * it was opened for the current URL and TLS settings, and Redis has not
+ * closed it meanwhile. Closes it otherwise.
  */
 static bool
 redis_connection_usable(void)
 {
-	if (!socket_is_open())
+	if (!stream_is_open(&stream))
 		return false;
 	if (!connection.busy && connection.url != NULL &&
 		strcmp(connection.url, redis_url_current()) == 0 &&
-		socket_idle_and_open())
+		connection.tls_generation == tls_settings_generation() &&
+		stream_idle_and_open(&stream))
 		return true;
 	redis_disconnect();
 	return false;
+}
+
+/*
+ * For a connection found through Sentinel, every sentinel_check_interval:
+ * true when the sentinels name another master now. A failover leaves the old
+ * master accepting writes until the sentinels demote it, and those writes
+ * would be lost: once the sentinels name another, it is not used again. When
+ * no sentinel answers (within command_timeout), the node stays in use.
+ */
+static bool
+master_moved(int64 deadline)
+{
+	int64		now = clock_monotonic_us();
+	RedisUrl	url;
+	RedisHostPort master;
+	RedisFailure failure = {0};
+	const char *problem;
+	int64		check_deadline;
+
+	if (!connection.sentinel || now < connection.next_check_us)
+		return false;
+	connection.next_check_us = now + (int64) sentinel_check_interval_ms * 1000;
+	if (!redis_url_parse(redis_url_current(), &url, &problem) || url.nsentinels == 0)
+		return false;
+	check_deadline = now + (int64) deadline_command_timeout_ms * 1000;
+	if (deadline != 0)
+		check_deadline = Min(check_deadline, deadline);
+	if (!sentinel_find_master(&url, deadline_command_timeout_ms, check_deadline, &master, &failure))
+		return false;
+	return strcmp(master.host, connection.master_host) != 0 ||
+		master.port != connection.master_port;
 }
 
 /*
@@ -348,14 +305,22 @@ static void
 redis_xact_callback(XactEvent event, void *arg)
 {
 	if ((event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT) &&
-		socket_is_open() && connection.busy)
+		stream_is_open(&stream) && connection.busy)
 		redis_disconnect();
 }
 
-/* Registers the transaction callback; called once per process from _PG_init. */
+/*
+ * Defines ratelimit.sentinel_check_interval and registers the transaction
+ * callback; called once per process from _PG_init.
+ */
 void
 connection_init(void)
 {
+	DefineCustomIntVariable("ratelimit.sentinel_check_interval",
+							"How often a connection found through Sentinel asks the sentinels whether its node is still the master.",
+							"After a failover the old master takes writes until it is demoted; they would be lost.",
+							&sentinel_check_interval_ms, 1000, 10, 3600 * 1000,
+							PGC_SUSET, GUC_UNIT_MS, NULL, NULL, NULL);
 	RegisterXactCallback(redis_xact_callback, NULL);
 }
 
@@ -369,7 +334,11 @@ connection_open(int64 deadline, bool *opened, RedisFailure *failure)
 {
 	*opened = false;
 	if (redis_connection_usable())
-		return true;
+	{
+		if (!master_moved(deadline))
+			return true;
+		redis_disconnect();
+	}
 	if (!redis_connect(deadline, failure))
 	{
 		socket_forget_address();
@@ -383,7 +352,7 @@ connection_open(int64 deadline, bool *opened, RedisFailure *failure)
 StringInfo
 connection_output(void)
 {
-	return &connection.output;
+	return exchange_output();
 }
 
 /*
@@ -403,3 +372,20 @@ connection_done(void)
 	connection.busy = false;
 }
 
+/* Closes the idle connection now: its node cannot serve, the next call connects anew. */
+void
+connection_discard(void)
+{
+	if (stream_is_open(&stream) && !connection.busy)
+	{
+		redis_disconnect();
+		socket_forget_address();
+	}
+}
+
+/* The node the connection is to (for rl_health), or "" when none is open. */
+const char *
+connection_node(void)
+{
+	return stream_is_open(&stream) ? connection.node : "";
+}

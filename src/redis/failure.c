@@ -52,6 +52,22 @@ permission_detail(const char *text, int length, char *detail, size_t size)
 		strlcpy(detail, "a command the script runs", size);
 }
 
+/* Error replies that say the node cannot serve, or not now, by their first word. */
+static const struct
+{
+	const char *code;
+	RedisFailureKind kind;
+}			error_kinds[] = {
+	{"READONLY", REDIS_FAILURE_READONLY},
+	/* A master that refuses writes without its replicas (min-replicas-to-write). */
+	{"NOREPLICAS", REDIS_FAILURE_READONLY},
+	{"LOADING", REDIS_FAILURE_LOADING},
+	{"MASTERDOWN", REDIS_FAILURE_MASTERDOWN},
+	{"BUSY", REDIS_FAILURE_BUSY},
+	{"OOM", REDIS_FAILURE_OOM},
+	{"NOSCRIPT", REDIS_FAILURE_NOSCRIPT},
+};
+
 /*
  * Fills failure from the text of an error reply: a permission refusal says
  * which command (NOPERM, or a script's "can't run this command"), any other
@@ -85,6 +101,10 @@ redis_fail_with_error(RedisFailure *failure, const char *text, int length)
 		return;
 	}
 	failure->kind = REDIS_FAILURE_REPLY;
+	for (int i = 0; i < (int) lengthof(error_kinds); i++)
+		if (word == (int) strlen(error_kinds[i].code) &&
+			strncmp(text, error_kinds[i].code, word) == 0)
+			failure->kind = error_kinds[i].kind;
 	word = Min(word, (int) sizeof(failure->detail) - 1);
 	memcpy(failure->detail, text, word);
 	failure->detail[word] = '\0';
@@ -112,6 +132,34 @@ redis_failure_kind_name(RedisFailureKind kind)
 			return "error reply";
 		case REDIS_FAILURE_PERMISSION:
 			return "permission";
+		case REDIS_FAILURE_TLS:
+			return "tls";
+		case REDIS_FAILURE_SENTINEL:
+			return "sentinel";
+		case REDIS_FAILURE_READONLY:
+			return "readonly";
+		case REDIS_FAILURE_LOADING:
+			return "loading";
+		case REDIS_FAILURE_MASTERDOWN:
+			return "masterdown";
+		case REDIS_FAILURE_BUSY:
+			return "busy";
+		case REDIS_FAILURE_OOM:
+			return "oom";
+		case REDIS_FAILURE_NOSCRIPT:
+			return "noscript";
 	}
 	return "unknown";
+}
+
+/*
+ * True for a failure that says this node cannot serve anyone now (a replica,
+ * loading, without its master): the connection to it is closed, so that the
+ * next one (for a Sentinel URL, to the master found again) is another.
+ */
+bool
+redis_failure_wrong_node(RedisFailureKind kind)
+{
+	return kind == REDIS_FAILURE_READONLY || kind == REDIS_FAILURE_LOADING ||
+		kind == REDIS_FAILURE_MASTERDOWN;
 }

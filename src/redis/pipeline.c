@@ -62,14 +62,9 @@ call_reply(int index, const RespValue *reply, void *arg)
 	if (reply->type == RESP_ERROR)
 	{
 		/* Redis restarted, failed over or flushed its scripts: sent again with the body. */
-		if (reply->length >= 8 && strncmp(reply->str, "NOSCRIPT", 8) == 0)
-		{
-			call->failure.kind = REDIS_FAILURE_REPLY;
-			strlcpy(call->failure.detail, "NOSCRIPT", sizeof(call->failure.detail));
-			pipeline->resend++;
-			return;
-		}
 		redis_fail_with_error(&call->failure, reply->str, reply->length);
+		if (call->failure.kind == REDIS_FAILURE_NOSCRIPT)
+			pipeline->resend++;
 		return;
 	}
 	if (reply->type != RESP_ARRAY || reply->length != call->nresults)
@@ -166,8 +161,7 @@ redis_send_calls(Pipeline *pipeline, int ncalls, SendPass pass, int64 deadline,
 		RedisCall  *call = &pipeline->calls[i];
 		bool		by_sha;
 
-		if (pass != SEND_FIRST && !(call->failure.kind == REDIS_FAILURE_REPLY &&
-									strcmp(call->failure.detail, "NOSCRIPT") == 0))
+		if (pass != SEND_FIRST && call->failure.kind != REDIS_FAILURE_NOSCRIPT)
 			continue;
 		/* Sent again: until it answers, it is a request that went out. */
 		memset(&call->failure, 0, sizeof(call->failure));
@@ -225,6 +219,7 @@ redis_run_scripts(RedisCall *calls, int ncalls, int64 deadline, RedisFailure *fa
 	{
 		if (!connection_open(deadline, &opened, failure))
 		{
+			failure->new_connection = true;
 			pfree(pipeline.sent);
 			return false;
 		}
@@ -252,8 +247,15 @@ redis_run_scripts(RedisCall *calls, int ncalls, int64 deadline, RedisFailure *fa
 
 		connection_done();
 		for (int i = 0; i < ncalls; i++)
+		{
 			calls[i].round_trip_us = round_trip_us;
+			/* A node that cannot serve (a replica now): the next call connects anew. */
+			if (redis_failure_wrong_node(calls[i].failure.kind))
+				connection_discard();
+		}
 	}
+	else if (opened)
+		failure->new_connection = true;
 	pfree(pipeline.sent);
 	return ok;
 }

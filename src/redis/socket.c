@@ -1,7 +1,7 @@
 /*
  * socket.c
- *	  The one socket to Redis of a backend: opened without blocking, waited on
- *	  with the latch, read and written as far as it takes.
+ *	  A socket to Redis: opened without blocking, waited on with the latch,
+ *	  read and written as far as it takes.
  *
  * Every wait goes through a WaitEventSet that also wakes on the latch (so a
  * cancel or statement_timeout is served while Redis is silent) and exits on
@@ -32,20 +32,26 @@
 #include "base/clock.h"
 #include "redis/socket.h"
 
-static pgsocket redis_socket = PGINVALID_SOCKET;
-static WaitEventSet *wait_set = NULL;
-static int	socket_event;		/* the socket's position in wait_set */
-
-/* The address a host name resolved to, kept until a connect to it fails. */
-static char resolved_host[256];
-static char resolved_address[INET6_ADDRSTRLEN];
+/*
+ * The addresses host names resolved to, kept until a connect to one fails.
+ * A few: a Sentinel URL names several hosts.
+ */
+#define RESOLVED_MAX 8
+typedef struct Resolved
+{
+	char		host[256];
+	char		address[INET6_ADDRSTRLEN];
+} Resolved;
+static Resolved resolved[RESOLVED_MAX];
+static int	resolved_next = 0;	/* the entry to replace next */
+static int	resolved_last = -1; /* the entry of the last connect, to forget if it fails */
 
 /*
  * The address to connect to for host: host itself when it is an IP literal,
  * else the cached result of resolving it. Resolving blocks (getaddrinfo cannot
- * be interrupted), so it happens once per backend and again only after a
- * connect failed, which the breaker allows at most once per retry_interval.
- * NULL when the name does not resolve.
+ * be interrupted), so it happens once per backend and host, and again only
+ * after a connect failed, which the breaker allows at most once per
+ * retry_interval. NULL when the name does not resolve.
  */
 static const char *
 resolve_address(const char *host)
@@ -53,12 +59,21 @@ resolve_address(const char *host)
 	unsigned char buffer[sizeof(struct in6_addr)];
 	struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM};
 	struct addrinfo *addresses;
+	Resolved   *entry;
 	bool		ok;
 
+	resolved_last = -1;
 	if (inet_pton(AF_INET, host, buffer) == 1 || inet_pton(AF_INET6, host, buffer) == 1)
 		return host;
-	if (strcmp(resolved_host, host) == 0 && resolved_address[0] != '\0')
-		return resolved_address;
+	for (int i = 0; i < RESOLVED_MAX; i++)
+		if (resolved[i].address[0] != '\0' && strcmp(resolved[i].host, host) == 0)
+		{
+			resolved_last = i;
+			return resolved[i].address;
+		}
+	if (strlen(host) >= sizeof(entry->host))
+		return NULL;
+	entry = &resolved[resolved_next];
 	/* IPv4 first: "localhost" must not land on a ::1 nobody listens on. */
 	if (getaddrinfo(host, NULL, &hints, &addresses) != 0)
 	{
@@ -66,21 +81,30 @@ resolve_address(const char *host)
 		if (getaddrinfo(host, NULL, &hints, &addresses) != 0)
 			return NULL;
 	}
-	ok = getnameinfo(addresses->ai_addr, addresses->ai_addrlen, resolved_address,
-					 sizeof(resolved_address), NULL, 0, NI_NUMERICHOST) == 0;
+	ok = getnameinfo(addresses->ai_addr, addresses->ai_addrlen, entry->address,
+					 sizeof(entry->address), NULL, 0, NI_NUMERICHOST) == 0;
 	freeaddrinfo(addresses);
 	if (!ok)
+	{
+		entry->address[0] = '\0';
 		return NULL;
-	strlcpy(resolved_host, host, sizeof(resolved_host));
-	return resolved_address;
+	}
+	strlcpy(entry->host, host, sizeof(entry->host));
+	resolved_last = resolved_next;
+	resolved_next = (resolved_next + 1) % RESOLVED_MAX;
+	return entry->address;
 }
 
-/* Forgets the resolved address, so that the next connect resolves the name again. */
+/*
+ * Forgets the address of the last connect, so that the next connect to its
+ * host resolves the name again (after a failover the name may point elsewhere).
+ */
 void
 socket_forget_address(void)
 {
-	resolved_host[0] = '\0';
-	resolved_address[0] = '\0';
+	if (resolved_last >= 0)
+		resolved[resolved_last].address[0] = '\0';
+	resolved_last = -1;
 }
 
 /*
@@ -137,9 +161,9 @@ wait_event_of_redis(void)
  * so a cancel raises its error from here.
  */
 uint32
-socket_wait(uint32 events, int64 deadline)
+socket_wait(RedisSocket *rs, uint32 events, int64 deadline)
 {
-	ModifyWaitEvent(wait_set, socket_event, events, NULL);
+	ModifyWaitEvent(rs->wait_set, rs->event, events, NULL);
 	for (;;)
 	{
 		WaitEvent	event;
@@ -156,7 +180,7 @@ socket_wait(uint32 events, int64 deadline)
 			(ProcDiePending && InterruptHoldoffCount > 0 && !proc_exit_inprogress))
 			return 0;
 		remaining_ms = (long) ((deadline - now + 999) / 1000);
-		if (WaitEventSetWait(wait_set, remaining_ms, &event, 1,
+		if (WaitEventSetWait(rs->wait_set, remaining_ms, &event, 1,
 							 wait_event_of_redis()) == 0)
 			continue;			/* timed out: the check above decides */
 		if (event.events & WL_LATCH_SET)
@@ -170,28 +194,29 @@ socket_wait(uint32 events, int64 deadline)
 	}
 }
 
-/* Opens a non-blocking socket to the URL's server; connect() may still be under way. */
+/* Opens a non-blocking socket to endpoint; connect() may still be under way. */
 static bool
-open_socket(const RedisUrl *url, bool *connecting, RedisFailure *failure)
+open_socket(RedisSocket *rs, const RedisEndpoint *endpoint, bool *connecting,
+			RedisFailure *failure)
 {
 	struct sockaddr_storage address = {0};
 	socklen_t	address_length;
 	int			family;
 	pgsocket	sock;
 
-	if (url->is_unix)
+	if (endpoint->path != NULL)
 	{
 		struct sockaddr_un *unix_address = (struct sockaddr_un *) &address;
 
-		if (strlen(url->path) >= sizeof(unix_address->sun_path))
+		if (strlen(endpoint->path) >= sizeof(unix_address->sun_path))
 			return redis_fail(failure, REDIS_FAILURE_CONFIG, "unix socket path too long");
 		family = unix_address->sun_family = AF_UNIX;
-		strlcpy(unix_address->sun_path, url->path, sizeof(unix_address->sun_path));
+		strlcpy(unix_address->sun_path, endpoint->path, sizeof(unix_address->sun_path));
 		address_length = sizeof(struct sockaddr_un);
 	}
 	else
 	{
-		const char *host = resolve_address(url->host);
+		const char *host = resolve_address(endpoint->host);
 		struct sockaddr_in *v4 = (struct sockaddr_in *) &address;
 		struct sockaddr_in6 *v6 = (struct sockaddr_in6 *) &address;
 
@@ -203,13 +228,13 @@ open_socket(const RedisUrl *url, bool *connecting, RedisFailure *failure)
 		if (inet_pton(AF_INET, host, &v4->sin_addr) == 1)
 		{
 			family = v4->sin_family = AF_INET;
-			v4->sin_port = htons(url->port);
+			v4->sin_port = htons(endpoint->port);
 			address_length = sizeof(*v4);
 		}
 		else if (inet_pton(AF_INET6, host, &v6->sin6_addr) == 1)
 		{
 			family = v6->sin6_family = AF_INET6;
-			v6->sin6_port = htons(url->port);
+			v6->sin6_port = htons(endpoint->port);
 			address_length = sizeof(*v6);
 		}
 		else
@@ -232,13 +257,13 @@ open_socket(const RedisUrl *url, bool *connecting, RedisFailure *failure)
 		failure->backend_only = true;
 		return redis_fail(failure, REDIS_FAILURE_CONNECT, strerror(error));
 	}
-	if (!url->is_unix)
+	if (endpoint->path == NULL)
 	{
 		int			on = 1;
 
 		(void) setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
 	}
-	redis_socket = sock;
+	rs->sock = sock;
 	if (connect(sock, (struct sockaddr *) &address, address_length) == 0)
 		*connecting = false;
 	else if (errno == EINPROGRESS || errno == EINTR)
@@ -246,7 +271,7 @@ open_socket(const RedisUrl *url, bool *connecting, RedisFailure *failure)
 	else
 	{
 		redis_fail(failure, REDIS_FAILURE_CONNECT, strerror(errno));
-		socket_close();
+		socket_close(rs);
 		return false;
 	}
 	return true;
@@ -254,16 +279,17 @@ open_socket(const RedisUrl *url, bool *connecting, RedisFailure *failure)
 
 /* Like redis_fail(), and closes the socket and forgets the address (a failover may move it). */
 static bool
-fail_and_close(RedisFailure *failure, RedisFailureKind kind, const char *detail)
+fail_and_close(RedisSocket *rs, RedisFailure *failure, RedisFailureKind kind,
+			   const char *detail)
 {
 	redis_fail(failure, kind, detail);
-	socket_close();
+	socket_close(rs);
 	socket_forget_address();
 	return false;
 }
 
 /*
- * Connects to the URL's server within timeout_ms, and deadline
+ * Connects to endpoint within timeout_ms, and deadline
  * (clock_monotonic_us time) when not 0; *connected says when it was done, for
  * what comes after (AUTH, SELECT) to share the same bound. The timeout starts
  * once the name is resolved: resolving blocks and cannot be cut short, and a
@@ -272,13 +298,13 @@ fail_and_close(RedisFailure *failure, RedisFailureKind kind, const char *detail)
  * cannot.
  */
 bool
-socket_open(const RedisUrl *url, int timeout_ms, int64 deadline, int64 *connect_deadline,
-			RedisFailure *failure)
+socket_open(RedisSocket *rs, const RedisEndpoint *endpoint, int timeout_ms, int64 deadline,
+			int64 *connect_deadline, RedisFailure *failure)
 {
 	bool		connecting = false;
 
-	Assert(redis_socket == PGINVALID_SOCKET);
-	if (!open_socket(url, &connecting, failure))
+	Assert(rs->sock == PGINVALID_SOCKET);
+	if (!open_socket(rs, endpoint, &connecting, failure))
 	{
 		socket_forget_address();
 		return false;
@@ -288,14 +314,15 @@ socket_open(const RedisUrl *url, int timeout_ms, int64 deadline, int64 *connect_
 		*connect_deadline = Min(*connect_deadline, deadline);
 	deadline = *connect_deadline;
 #if PG_VERSION_NUM >= 170000
-	wait_set = CreateWaitEventSet(NULL, 3);
+	rs->wait_set = CreateWaitEventSet(NULL, 3);
 #else
-	wait_set = CreateWaitEventSet(TopMemoryContext, 3);
+	rs->wait_set = CreateWaitEventSet(TopMemoryContext, 3);
 #endif
-	AddWaitEventToSet(wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
+	AddWaitEventToSet(rs->wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
 	if (IsUnderPostmaster)
-		AddWaitEventToSet(wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
-	socket_event = AddWaitEventToSet(wait_set, WL_SOCKET_WRITEABLE, redis_socket, NULL, NULL);
+		AddWaitEventToSet(rs->wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
+	rs->event = AddWaitEventToSet(rs->wait_set, WL_SOCKET_WRITEABLE, rs->sock,
+									  NULL, NULL);
 
 	/* A non-blocking connect is done when the socket is writable; SO_ERROR says how. */
 	if (connecting)
@@ -303,20 +330,20 @@ socket_open(const RedisUrl *url, int timeout_ms, int64 deadline, int64 *connect_
 		int			socket_error = 0;
 		socklen_t	length = sizeof(socket_error);
 
-		if (socket_wait(WL_SOCKET_WRITEABLE, deadline) == 0)
-			return fail_and_close(failure, REDIS_FAILURE_TIMEOUT, "connect timeout");
-		if (getsockopt(redis_socket, SOL_SOCKET, SO_ERROR, &socket_error, &length) != 0)
+		if (socket_wait(rs, WL_SOCKET_WRITEABLE, deadline) == 0)
+			return fail_and_close(rs, failure, REDIS_FAILURE_TIMEOUT, "connect timeout");
+		if (getsockopt(rs->sock, SOL_SOCKET, SO_ERROR, &socket_error, &length) != 0)
 			socket_error = errno;
 		if (socket_error != 0)
-			return fail_and_close(failure, REDIS_FAILURE_CONNECT, strerror(socket_error));
+			return fail_and_close(rs, failure, REDIS_FAILURE_CONNECT, strerror(socket_error));
 	}
 	return true;
 }
 
 bool
-socket_is_open(void)
+socket_is_open(const RedisSocket *rs)
 {
-	return redis_socket != PGINVALID_SOCKET;
+	return rs->sock != PGINVALID_SOCKET;
 }
 
 /*
@@ -324,52 +351,52 @@ socket_is_open(void)
  * there is nothing to read (end of file or stray bytes mean it is gone).
  */
 bool
-socket_idle_and_open(void)
+socket_idle_and_open(RedisSocket *rs)
 {
 	char		byte;
 	ssize_t		peeked;
 
 	do
-		peeked = recv(redis_socket, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+		peeked = recv(rs->sock, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
 	while (peeked < 0 && errno == EINTR);
 	return peeked < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
 }
 
 /* send(), never raising SIGPIPE: the bytes sent, or -1 with errno (EAGAIN: try later). */
 ssize_t
-socket_send(const char *data, size_t length)
+socket_send(RedisSocket *rs, const char *data, size_t length)
 {
 	ssize_t		sent;
 
 	do
-		sent = send(redis_socket, data, length, MSG_NOSIGNAL);
+		sent = send(rs->sock, data, length, MSG_NOSIGNAL);
 	while (sent < 0 && errno == EINTR);
 	return sent;
 }
 
 /* recv(): the bytes read, 0 at the end, or -1 with errno (EAGAIN: nothing yet). */
 ssize_t
-socket_receive(char *buffer, size_t length)
+socket_receive(RedisSocket *rs, char *buffer, size_t length)
 {
 	ssize_t		received;
 
 	do
-		received = recv(redis_socket, buffer, length, 0);
+		received = recv(rs->sock, buffer, length, 0);
 	while (received < 0 && errno == EINTR);
 	return received;
 }
 
 /* Closes the socket, if open. */
 void
-socket_close(void)
+socket_close(RedisSocket *rs)
 {
-	if (wait_set != NULL)
-		FreeWaitEventSet(wait_set);
-	wait_set = NULL;
-	if (redis_socket != PGINVALID_SOCKET)
+	if (rs->wait_set != NULL)
+		FreeWaitEventSet(rs->wait_set);
+	rs->wait_set = NULL;
+	if (rs->sock != PGINVALID_SOCKET)
 	{
-		closesocket(redis_socket);
+		closesocket(rs->sock);
 		ReleaseExternalFD();
 	}
-	redis_socket = PGINVALID_SOCKET;
+	rs->sock = PGINVALID_SOCKET;
 }

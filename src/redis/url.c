@@ -2,8 +2,14 @@
  * url.c
  *	  ratelimit.redis_url: the setting, and parsing it:
  *	    redis://[user[:password]@]host[:port][/db]
+ *	    rediss://[user[:password]@]host[:port][/db]                (TLS)
+ *	    redis-sentinel://[user[:password]@]host[:port][,host[:port]...]/master[?db=N&sentinel_user=NAME]
+ *	    rediss-sentinel://...                                      (TLS to sentinels and nodes)
  *	    unix://[user[:password]@]/path/to/socket[?db=N]
- *	  user and password may be percent-encoded; an IPv6 host is written [::1].
+ *	  user and password (the data nodes') may be percent-encoded; an IPv6 host
+ *	  is written [::1]. A Sentinel URL names the sentinels to ask for the
+ *	  master (the convention Lettuce uses); their own password is in
+ *	  ratelimit.sentinel_password_file.
  *
  * The value is checked when it is set, not when it is first used, and a URL
  * that carries a password only where other roles cannot read it (secret.c).
@@ -20,6 +26,7 @@
 #include "redis/url.h"
 
 #define REDIS_DEFAULT_PORT 6379
+#define REDIS_SENTINEL_DEFAULT_PORT 26379
 #define REDIS_MAX_DATABASE 1000000
 
 static char *url_setting = NULL;
@@ -113,6 +120,114 @@ parse_userinfo(const char *text, int length, RedisUrl *out)
 }
 
 /*
+ * Parses "host[:port]" (an IPv6 host in brackets) at *rest, up to one of
+ * stops or the end, into host and port (default_port when none is given),
+ * moving *rest past it. False, with problem set, when it is malformed.
+ */
+static bool
+parse_host_port(const char **rest, const char *stops, int default_port, char **host, int *port,
+				const char **problem)
+{
+	const char *p = *rest;
+
+	if (*p == '[')
+	{
+		const char *close = strchr(p, ']');
+
+		if (close == NULL || close == p + 1)
+		{
+			*problem = "An IPv6 address must be written in brackets, as in redis://[::1]:6379.";
+			return false;
+		}
+		*host = pnstrdup(p + 1, close - p - 1);
+		p = close + 1;
+	}
+	else
+	{
+		int			host_length = 0;
+
+		while (p[host_length] != '\0' && p[host_length] != ':' &&
+			   strchr(stops, p[host_length]) == NULL)
+			host_length++;
+		if (host_length == 0)
+		{
+			*problem = "The URL names no host.";
+			return false;
+		}
+		*host = pnstrdup(p, host_length);
+		p += host_length;
+	}
+	for (const char *c = *host; *c; c++)
+		if (!(isalnum((unsigned char) *c) || *c == '.' || *c == '-' || *c == '_' || *c == ':' || *c == '%'))
+		{
+			*problem = "The host name holds a character that no host name has.";
+			return false;
+		}
+	*port = default_port;
+	if (*p == ':')
+	{
+		int			port_length = 0;
+
+		p++;
+		while (p[port_length] != '\0' && strchr(stops, p[port_length]) == NULL)
+			port_length++;
+		if (!parse_number(p, port_length, 1, 65535, port))
+		{
+			*problem = "The port must be a number from 1 to 65535.";
+			return false;
+		}
+		p += port_length;
+	}
+	*rest = p;
+	return true;
+}
+
+/* True for a name that is safe to send and to log: letters, digits, "_", "." and "-". */
+static bool
+is_plain_name(const char *text, int length)
+{
+	if (length < 1 || length > 64)
+		return false;
+	for (int i = 0; i < length; i++)
+		if (!(isalnum((unsigned char) text[i]) || text[i] == '_' || text[i] == '.' || text[i] == '-'))
+			return false;
+	return true;
+}
+
+/*
+ * Parses the query of a Sentinel URL, "?db=N&sentinel_user=NAME" (each
+ * optional, in any order), into out.
+ */
+static bool
+parse_sentinel_query(const char *query, RedisUrl *out, const char **problem)
+{
+	const char *p = query;
+
+	while (*p != '\0')
+	{
+		int			length = strcspn(p, "&");
+		bool		ok = false;
+
+		if (strncmp(p, "db=", 3) == 0)
+			ok = parse_number(p + 3, length - 3, 0, REDIS_MAX_DATABASE, &out->database);
+		else if (strncmp(p, "sentinel_user=", 14) == 0 && is_plain_name(p + 14, length - 14))
+		{
+			out->sentinel_user = pnstrdup(p + 14, length - 14);
+			ok = true;
+		}
+		if (!ok)
+		{
+			*problem = "The query parameters of a Sentinel URL are db=N and sentinel_user=NAME.";
+			return false;
+		}
+		p += length;
+		if (*p == '&')
+			p++;
+	}
+	return true;
+}
+
+/*
  * Parses url into out (strings palloc'd in the current context). On failure
  * returns false and points problem at a sentence saying what is wrong.
  */
@@ -122,12 +237,28 @@ redis_url_parse(const char *url, RedisUrl *out, const char **problem)
 	const char *rest;
 	const char *at;
 	const char *end;
+	bool		sentinel = false;
 
 	memset(out, 0, sizeof(*out));
 	out->port = REDIS_DEFAULT_PORT;
 
 	if (strncmp(url, "redis://", 8) == 0)
 		rest = url + 8;
+	else if (strncmp(url, "rediss://", 9) == 0)
+	{
+		out->tls = true;
+		rest = url + 9;
+	}
+	else if (strncmp(url, "redis-sentinel://", 17) == 0)
+	{
+		sentinel = true;
+		rest = url + 17;
+	}
+	else if (strncmp(url, "rediss-sentinel://", 18) == 0)
+	{
+		sentinel = out->tls = true;
+		rest = url + 18;
+	}
 	else if (strncmp(url, "unix://", 7) == 0)
 	{
 		out->is_unix = true;
@@ -135,14 +266,14 @@ redis_url_parse(const char *url, RedisUrl *out, const char **problem)
 	}
 	else
 	{
-		*problem = "The URL must start with redis:// or unix://.";
+		*problem = "The URL must start with redis://, rediss://, redis-sentinel://, rediss-sentinel:// or unix://.";
 		return false;
 	}
 
 	/*
-	 * userinfo: for redis:// it ends at the last "@" before the path, so an
-	 * unencoded "@" in a password still works; for unix:// it is whatever comes
-	 * before the socket's absolute path.
+	 * userinfo: for a network URL it ends at the last "@" before the path, so
+	 * an unencoded "@" in a password still works; for unix:// it is whatever
+	 * comes before the socket's absolute path.
 	 */
 	at = NULL;
 	if (out->is_unix)
@@ -190,49 +321,49 @@ redis_url_parse(const char *url, RedisUrl *out, const char **problem)
 		return true;
 	}
 
-	/* host: an IPv6 literal in brackets, or everything up to ":" or "/". */
-	if (*rest == '[')
+	if (sentinel)
 	{
-		const char *close = strchr(rest, ']');
+		/* host:port[,host:port...]/master-name[?db=N&sentinel_user=NAME] */
+		const char *name;
+		int			name_length;
 
-		if (close == NULL || close == rest + 1)
+		for (;;)
 		{
-			*problem = "An IPv6 address must be written in brackets, as in redis://[::1]:6379.";
+			RedisHostPort *node;
+
+			if (out->nsentinels == REDIS_MAX_SENTINELS)
+			{
+				*problem = "A Sentinel URL names at most 16 sentinels.";
+				return false;
+			}
+			node = &out->sentinels[out->nsentinels++];
+			if (!parse_host_port(&rest, ",/?", REDIS_SENTINEL_DEFAULT_PORT, &node->host, &node->port,
+								 problem))
+				return false;
+			if (*rest != ',')
+				break;
+			rest++;
+		}
+		if (*rest != '/')
+		{
+			*problem = "A Sentinel URL names its master after the sentinels, as in redis-sentinel://host:26379/mymaster.";
 			return false;
 		}
-		out->host = pnstrdup(rest + 1, close - rest - 1);
-		rest = close + 1;
+		name = rest + 1;
+		name_length = strcspn(name, "?");
+		if (!is_plain_name(name, name_length))
+		{
+			*problem = "The master name must be 1 to 64 letters, digits, \"_\", \".\" or \"-\".";
+			return false;
+		}
+		out->master_name = pnstrdup(name, name_length);
+		out->host = NULL;
+		rest = name + name_length;
+		return *rest != '?' || parse_sentinel_query(rest + 1, out, problem);
 	}
-	else
-	{
-		int			host_length = strcspn(rest, ":/?");
 
-		if (host_length == 0)
-		{
-			*problem = "The URL names no host.";
-			return false;
-		}
-		out->host = pnstrdup(rest, host_length);
-		rest += host_length;
-	}
-	for (const char *p = out->host; *p; p++)
-		if (!(isalnum((unsigned char) *p) || *p == '.' || *p == '-' || *p == '_' || *p == ':' || *p == '%'))
-		{
-			*problem = "The host name holds a character that no host name has.";
-			return false;
-		}
-
-	if (*rest == ':')
-	{
-		int			port_length = strcspn(rest + 1, "/?");
-
-		if (!parse_number(rest + 1, port_length, 1, 65535, &out->port))
-		{
-			*problem = "The port must be a number from 1 to 65535.";
-			return false;
-		}
-		rest += 1 + port_length;
-	}
+	if (!parse_host_port(&rest, "/?", REDIS_DEFAULT_PORT, &out->host, &out->port, problem))
+		return false;
 	if (*rest == '/' && rest[1] != '\0')
 	{
 		if (!parse_number(rest + 1, strlen(rest + 1), 0, REDIS_MAX_DATABASE, &out->database))
@@ -267,7 +398,7 @@ check_redis_url(char **newval, void **extra, GucSource source)
 			/* Never echo the value: it may hold a password. */
 			GUC_check_errmsg("invalid value for parameter \"ratelimit.redis_url\"");
 			GUC_check_errdetail("%s", problem);
-			GUC_check_errhint("Use redis://[user[:password]@]host[:port][/db] or unix://[user[:password]@]/path/to/socket[?db=N].");
+			GUC_check_errhint("Use redis://[user[:password]@]host[:port][/db] (rediss:// for TLS), redis-sentinel://[user[:password]@]host[:port][,host[:port]...]/master[?db=N] (rediss-sentinel:// for TLS), or unix://[user[:password]@]/path/to/socket[?db=N].");
 			return false;
 		}
 		if (url.password != NULL && !secret_source_allowed("ratelimit.redis_url", source))
@@ -310,7 +441,7 @@ void
 redis_url_init(void)
 {
 	DefineCustomStringVariable("ratelimit.redis_url",
-							   "Redis to keep buckets in: redis://[user[:password]@]host[:port][/db] or unix:///path[?db=N].",
+							   "Redis to keep buckets in: redis://, rediss:// (TLS), redis-sentinel://, rediss-sentinel:// or unix://.",
 							   "Only superusers can read or set it: it may hold a password.",
 							   &url_setting, "", PGC_SUSET,
 							   GUC_SUPERUSER_ONLY | GUC_NOT_IN_SAMPLE,

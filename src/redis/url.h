@@ -5,15 +5,30 @@
 #ifndef RL_REDIS_URL_H
 #define RL_REDIS_URL_H
 
+/* The most sentinels one URL may name. */
+#define REDIS_MAX_SENTINELS 16
+
+typedef struct RedisHostPort
+{
+	char	   *host;			/* host name or IP literal (no brackets) */
+	int			port;
+} RedisHostPort;
+
 typedef struct RedisUrl
 {
 	bool		is_unix;
-	char	   *host;			/* TCP: host name or IP literal (no brackets) */
+	bool		tls;			/* rediss:// or rediss-sentinel:// */
+	char	   *host;			/* TCP: the node; a Sentinel URL: none (the master is found) */
 	int			port;
 	char	   *path;			/* unix socket path */
 	char	   *user;			/* NULL: none */
 	char	   *password;		/* NULL: no AUTH */
 	int			database;
+	/* A Sentinel URL: nsentinels > 0 */
+	int			nsentinels;
+	RedisHostPort sentinels[REDIS_MAX_SENTINELS];
+	char	   *master_name;
+	char	   *sentinel_user;	/* NULL: AUTH to sentinels with the password alone */
 } RedisUrl;
 
 extern void redis_url_init(void);

@@ -18,6 +18,11 @@ SET ratelimit.redis_url = 'redis://redis.internal:6379/';
 SET ratelimit.redis_url = 'unix:///run/redis/redis.sock';
 SET ratelimit.redis_url = 'unix:///run/redis/redis.sock?db=3';
 SET ratelimit.redis_url = 'unix://app:secret@/run/redis/redis.sock?db=3';
+-- TLS, and Sentinel: the sentinels (26379 when no port is given), then the master's name.
+SET ratelimit.redis_url = 'rediss://app:s3cret@redis.example.com:6380/1';
+SET ratelimit.redis_url = 'redis-sentinel://10.0.0.1:26379,10.0.0.2,[::1]:26380/mymaster';
+SET ratelimit.redis_url = 'redis-sentinel://app:s3cret@sentinel.internal/my.master-1?db=2&sentinel_user=watcher';
+SET ratelimit.redis_url = 'rediss-sentinel://10.0.0.1:26379/mymaster?sentinel_user=watcher&db=0';
 SET ratelimit.redis_url = '';
 -- ... and the rejected ones, with a message that says why and never shows the password.
 SET ratelimit.redis_url = 'redis://app:s3cret@127.0.0.1:99999';
@@ -34,6 +39,17 @@ SELECT expect_error($$SET ratelimit.redis_url = 'redis://user:p%zzss@127.0.0.1'$
 SELECT expect_error($$SET ratelimit.redis_url = 'redis://host name'$$);
 SELECT expect_error($$SET ratelimit.redis_url = 'unix://relative/path.sock'$$);
 SELECT expect_error($$SET ratelimit.redis_url = 'unix:///run/redis.sock?database=1'$$);
+SELECT expect_error($$SET ratelimit.redis_url = 'rediss://'$$);
+SELECT expect_error($$SET ratelimit.redis_url = 'redis-sentinel://10.0.0.1:26379'$$);
+SELECT expect_error($$SET ratelimit.redis_url = 'redis-sentinel://10.0.0.1:26379/'$$);
+SELECT expect_error($$SET ratelimit.redis_url = 'redis-sentinel://10.0.0.1,/mymaster'$$);
+SELECT expect_error($$SET ratelimit.redis_url = 'redis-sentinel://10.0.0.1/my master'$$);
+SELECT expect_error($$SET ratelimit.redis_url = 'redis-sentinel://10.0.0.1/mymaster?db=x'$$);
+SELECT expect_error($$SET ratelimit.redis_url = 'redis-sentinel://10.0.0.1/mymaster?password=x'$$);
+SELECT expect_error($$SET ratelimit.redis_url = 'redis-sentinel://10.0.0.1/mymaster?sentinel_user=a%20b'$$);
+-- At most 16 sentinels.
+SELECT expect_error('SET ratelimit.redis_url = '
+                    || quote_literal('redis-sentinel://' || repeat('10.0.0.1,', 16) || '10.0.0.1/mymaster'));
 
 -- Timeouts are unit-aware milliseconds.
 SET ratelimit.command_timeout = '2s';

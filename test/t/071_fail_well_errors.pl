@@ -185,13 +185,13 @@ $redis->cli('DEL', $_) for @keys;
 $redis->cli('CONFIG', 'SET', 'maxmemory-policy', 'noeviction');
 $redis->cli('CONFIG', 'SET', 'maxmemory', '1');
 ($s, $offset) = error_case('OOM');
-ok(logged_failure($offset, $s->pid, qr/^error reply: OOM$/, 'e_open'),
-	'OOM: the log names the policy and the error class');
+ok(logged_failure($offset, $s->pid, qr/^oom: OOM$/, 'e_open'),
+	'OOM: the log names the policy and the error class (oom, since 0.5.0)');
 $h = health($s);
 is_deeply([ @$h{qw(breaker redis_reachable)} ], [ 'closed', 't' ],
 	'OOM: the breaker stays closed (Redis answered)')
   or diag explain $h;
-is($h->{last_error}, 'error reply: OOM', 'rl_health() shows the last error');
+is($h->{last_error}, 'oom: OOM', 'rl_health() shows the last error');
 $redis->cli('CONFIG', 'SET', 'maxmemory', '0');
 my $d = $s->consume('e_closed', $subject);
 is_deeply([ @$d{qw(source allowed remaining)} ], [ 'redis', 't', 999 ],

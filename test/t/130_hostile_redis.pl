@@ -633,7 +633,7 @@ sub oom_off
 		'(8c) the release at COMMIT was answered');
 	is_fail_mode($s->consume('h.closed', $subject{bucket}), 'h.closed', '(8c) OOM: rl_consume');
 	is($redis->cli('-n', $db, 'GET', $bucket_key), $bucket_before, '(8c) its bucket is unchanged');
-	is(health($s)->{last_error}, 'error reply: OOM', "(8c) rl_health().last_error: 'error reply: OOM'");
+	is(health($s)->{last_error}, 'oom: OOM', "(8c) rl_health().last_error: 'oom: OOM'");
 	is( $s->query_ok(
 			sprintf("SELECT source, remaining FROM rl_peek('h.closed', %s)",
 				quote_literal($subject{bucket}))),
@@ -670,9 +670,9 @@ sub oom_off
 	is(scalar(grep { $sources[$_] eq ($_ % 2 ? 'redis' : 'fail_open') } 0 .. $#sources),
 		2 * $n, '(11) each rl_consume failed open, each rl_peek was answered by Redis');
 	my @lines = pid_lines($offset, $pid);
-	my $failures = grep { /ratelimit: Redis cannot answer \(error reply: OOM\)/ } @lines;
+	my $failures = grep { /ratelimit: Redis cannot answer \(oom: OOM\)/ } @lines;
 	my $again = grep { /ratelimit: Redis answers again/ } @lines;
-	note sprintf('(11) %d alternations in %.0f ms: %d "cannot answer (error reply: OOM)" lines, '
+	note sprintf('(11) %d alternations in %.0f ms: %d "cannot answer (oom: OOM)" lines, '
 		  . '%d "answers again" lines (%d log lines in all from the backend)',
 		$n, $elapsed * 1000, $failures, $again, scalar @lines);
 	cmp_ok($failures, '>=', 1, '(11) the failure is logged');

@@ -15,6 +15,8 @@
 #   Redis.pm       RateLimitTest::Redis, a private redis-server
 #   FakeRedis.pm   RateLimitTest::FakeRedis, a fake RESP server for hostile replies
 #   DelayProxy.pm  RateLimitTest::DelayProxy, a TCP proxy that delays bytes
+#   Certs.pm       RateLimitTest::Certs, certificates made with openssl for TLS
+#   Sentinel.pm    RateLimitTest::Sentinel, a private Redis Sentinel
 
 package RateLimitTest;
 
@@ -44,12 +46,14 @@ use RateLimitTest::Session;
 use RateLimitTest::Redis;
 use RateLimitTest::FakeRedis;
 use RateLimitTest::DelayProxy;
+use RateLimitTest::Certs;
+use RateLimitTest::Sentinel;
 
 our @EXPORT = qw(
   redis_start fake_redis_start rl_node session
   decision_sql parse_decision consume quote_literal sqlstate_of
   log_offset log_since wait_for_log timed run_pgbench backend_gone health
-  key_installation delay_proxy_start backend_peak_kb
+  key_installation delay_proxy_start backend_peak_kb certs_make sentinel_start
 );
 
 # Tests call these by their full names (RateLimitTest::_register_child($pid)
@@ -86,6 +90,18 @@ sub redis_start
 sub fake_redis_start
 {
 	return RateLimitTest::FakeRedis->new(@_);
+}
+
+# Makes a set of certificates; see RateLimitTest::Certs::new.
+sub certs_make
+{
+	return RateLimitTest::Certs->new(@_);
+}
+
+# Starts a private Redis Sentinel; see RateLimitTest::Sentinel::new.
+sub sentinel_start
+{
+	return RateLimitTest::Sentinel->new(@_);
 }
 
 # Starts a TCP proxy that delays every byte; see RateLimitTest::DelayProxy::new.

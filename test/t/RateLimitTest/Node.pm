@@ -113,8 +113,8 @@ sub health
 {
 	my ($s) = @_;
 	my @fields = qw(redis_reachable since breaker retry_in_ms last_error
-	  local_buckets_in_use local_buckets shared);
-	my @values = split /\|/, $s->query_ok('SELECT * FROM rl_health()'), -1;
+	  local_buckets_in_use local_buckets shared last_error_at node);
+	my @values = split /\|/, $s->query_ok('SELECT ' . join(', ', @fields) . ' FROM rl_health()'), -1;
 	my %health;
 	@health{@fields} = @values;
 	return \%health;

@@ -22,7 +22,10 @@ use RateLimitTest::Children ();
 # unix socket too, no persistence. Options: name, password (requirepass),
 # args (more redis-server arguments), acl (ACL SETUSER argument lists, applied
 # at every start; then the "default" user is switched off and redis-cli logs in
-# as the first of them, which must be an administrator).
+# as the first of them, which must be an administrator), tls (a
+# RateLimitTest::Certs: the port speaks TLS only, with tls_cert (default
+# "server") and tls_auth_clients (default "no"); redis-cli then goes through
+# the unix socket).
 sub new
 {
 	my ($class, %opt) = @_;
@@ -31,6 +34,9 @@ sub new
 		password => $opt{password},
 		args => $opt{args} // [],
 		acl => $opt{acl},
+		tls => $opt{tls},
+		tls_cert => $opt{tls_cert} // 'server',
+		tls_auth_clients => $opt{tls_auth_clients} // 'no',
 		port => PostgreSQL::Test::Cluster::get_free_port(),
 		dir => PostgreSQL::Test::Utils::tempdir(),
 	}, $class;
@@ -48,13 +54,15 @@ sub port { return $_[0]->{port} }
 sub socket_path { return $_[0]->{socket} }
 sub pid { return $_[0]->{pid} }
 
-# redis://[userinfo@]127.0.0.1:port[/db]
+# redis://[userinfo@]127.0.0.1:port[/db] (rediss:// with TLS; host: another name)
 sub url
 {
 	my ($self, %opt) = @_;
 	my $userinfo = defined $opt{userinfo} ? "$opt{userinfo}\@" : '';
 	my $db = defined $opt{db} ? "/$opt{db}" : '';
-	return "redis://${userinfo}127.0.0.1:$self->{port}$db";
+	my $scheme = $self->{tls} ? 'rediss' : 'redis';
+	my $host = $opt{host} // '127.0.0.1';
+	return "$scheme://$userinfo$host:$self->{port}$db";
 }
 
 # unix://[userinfo@]/path/to/socket[?db=N]
@@ -72,9 +80,16 @@ sub start
 	my ($self) = @_;
 	die "redis-server $self->{name} is already running" if $self->{pid};
 	unlink $self->{socket};
+	my @tls = !$self->{tls} ? () : (
+		'--tls-port' => $self->{port},
+		'--tls-cert-file' => $self->{tls}->file("$self->{tls_cert}.crt"),
+		'--tls-key-file' => $self->{tls}->file("$self->{tls_cert}.key"),
+		'--tls-ca-cert-file' => $self->{tls}->file('ca.crt'),
+		'--tls-auth-clients' => $self->{tls_auth_clients});
 	my @cmd = (
 		'redis-server',
-		'--port' => $self->{port},
+		'--port' => $self->{tls} ? 0 : $self->{port},
+		@tls,
 		'--bind' => '127.0.0.1',
 		'--unixsocket' => $self->{socket},
 		'--unixsocketperm' => '700',
@@ -101,7 +116,8 @@ sub start
 	while (1)
 	{
 		my $pong = eval { local $self->{cli_user}; $self->cli('PING') } // '';
-		last if $pong eq 'PONG';
+		# A server loading its dataset answers LOADING to everything: it is up.
+		last if $pong eq 'PONG' || $pong =~ /^LOADING/;
 		if (waitpid($pid, POSIX::WNOHANG()) == $pid || time > $deadline)
 		{
 			$self->_reap('KILL');
@@ -169,7 +185,8 @@ sub restart
 sub cli
 {
 	my ($self, @args) = @_;
-	my @cmd = ('redis-cli', '-h', '127.0.0.1', '-p', $self->{port});
+	my @cmd = $self->{tls} ? ('redis-cli', '-s', $self->{socket}) :
+	  ('redis-cli', '-h', '127.0.0.1', '-p', $self->{port});
 	if ($self->{cli_user})
 	{
 		push @cmd, '--user', $self->{cli_user}[0], '--pass', $self->{cli_user}[1],

@@ -1,0 +1,86 @@
+/*
+ * stream.c
+ *	  What a connection reads and writes: a socket, or TLS over it. The rest
+ *	  of the transport speaks to this, and never asks which.
+ */
+#include "prelude.h"
+
+#include "storage/latch.h"
+
+#include "redis/stream.h"
+
+/*
+ * Connects stream to endpoint, with TLS when tls, within timeout_ms and
+ * deadline (see socket_open; the handshake counts against the same bound).
+ * False, saying why, with nothing left open, when it cannot.
+ */
+bool
+stream_open(RedisStream *stream, const RedisEndpoint *endpoint, bool tls, int timeout_ms,
+			int64 deadline, int64 *connect_deadline, RedisFailure *failure)
+{
+	if (!socket_open(&stream->socket, endpoint, timeout_ms, deadline, connect_deadline, failure))
+		return false;
+	stream->use_tls = tls;
+	if (tls && !tls_open(&stream->tls, &stream->socket, endpoint->host, *connect_deadline, failure))
+	{
+		stream_close(stream);
+		socket_forget_address();
+		return false;
+	}
+	return true;
+}
+
+bool
+stream_is_open(const RedisStream *stream)
+{
+	return socket_is_open(&stream->socket);
+}
+
+/* True when the idle stream is open still: nothing arrived, Redis did not close it. */
+bool
+stream_idle_and_open(RedisStream *stream)
+{
+	return stream->use_tls ? tls_idle_and_open(&stream->tls) :
+		socket_idle_and_open(&stream->socket);
+}
+
+/*
+ * Waits until the stream may go on with one of events or deadline passes; 0
+ * on timeout. With TLS, bytes OpenSSL holds already make it readable at once,
+ * and it also waits for what OpenSSL needs; whatever occurs, each event asked
+ * for is worth trying again (a read or write that cannot go on says EAGAIN).
+ */
+uint32
+stream_wait(RedisStream *stream, uint32 events, int64 deadline)
+{
+	if (!stream->use_tls)
+		return socket_wait(&stream->socket, events, deadline);
+	if ((events & WL_SOCKET_READABLE) && tls_pending(&stream->tls))
+		return WL_SOCKET_READABLE;
+	return socket_wait(&stream->socket, events | tls_wants(&stream->tls), deadline) != 0 ?
+		events : 0;
+}
+
+ssize_t
+stream_send(RedisStream *stream, const char *data, size_t length)
+{
+	return stream->use_tls ? tls_send(&stream->tls, data, length) :
+		socket_send(&stream->socket, data, length);
+}
+
+ssize_t
+stream_receive(RedisStream *stream, char *buffer, size_t length)
+{
+	return stream->use_tls ? tls_receive(&stream->tls, buffer, length) :
+		socket_receive(&stream->socket, buffer, length);
+}
+
+/* Closes the stream, if open. */
+void
+stream_close(RedisStream *stream)
+{
+	if (stream->use_tls)
+		tls_close(&stream->tls);
+	stream->use_tls = false;
+	socket_close(&stream->socket);
+}
