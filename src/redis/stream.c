@@ -40,7 +40,7 @@ stream_is_open(const RedisStream *stream)
 bool
 stream_idle_and_open(RedisStream *stream)
 {
-	return stream->use_tls ? tls_idle_and_open(&stream->tls) :
+	return stream->use_tls ? tls_idle_and_open(&stream->tls, &stream->socket) :
 		socket_idle_and_open(&stream->socket);
 }
 

@@ -174,6 +174,8 @@ tls_context(RedisFailure *failure)
 	SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
 	/* A write resumed after WANT_WRITE may send a part, from a buffer that moved. */
 	SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+	/* Read what the socket has in one read(), not a record header and then its body. */
+	SSL_CTX_set_read_ahead(ctx, 1);
 	SSL_CTX_set_verify(ctx, tls_verify == TLS_VERIFY_NONE ? SSL_VERIFY_NONE : SSL_VERIFY_PEER, NULL);
 	if (tls_ca_file[0] != '\0' ? SSL_CTX_load_verify_locations(ctx, tls_ca_file, NULL) != 1 :
 		SSL_CTX_set_default_verify_paths(ctx) != 1)
@@ -348,11 +350,14 @@ tls_pending(const TlsSession *tls)
  * quietly; anything else (data, an alert, the end) means it is gone.
  */
 bool
-tls_idle_and_open(TlsSession *tls)
+tls_idle_and_open(TlsSession *tls, RedisSocket *rs)
 {
 	char		byte;
 	int			result;
 
+	/* Usually nothing arrived: the socket says so without OpenSSL. */
+	if (!SSL_has_pending(tls->session) && socket_idle_and_open(rs))
+		return true;
 	ERR_clear_error();
 	result = SSL_peek(tls->session, &byte, 1);
 	if (result > 0)

@@ -23,7 +23,7 @@ extern ssize_t tls_send(TlsSession *tls, const char *data, size_t length);
 extern ssize_t tls_receive(TlsSession *tls, char *buffer, size_t length);
 extern uint32 tls_wants(const TlsSession *tls);
 extern bool tls_pending(const TlsSession *tls);
-extern bool tls_idle_and_open(TlsSession *tls);
+extern bool tls_idle_and_open(TlsSession *tls, RedisSocket *rs);
 extern void tls_close(TlsSession *tls);
 
 #endif							/* RL_TLS_H */
