@@ -594,9 +594,10 @@ COMMENT ON FUNCTION @extschema@.rl_response_headers(@extschema@.rl_decision, boo
 -- Watching the limiter: health and counters hold no subject; pg_monitor may read them.
 --
 
--- Redis reachable or not (since when), the breaker, the local buckets, the last error
--- (what and when), the node this backend uses. Without shared_preload_libraries it is
--- this session's own view (shared = false).
+-- A row per Redis node with a breaker (one, unless Redis is a cluster: then each master):
+-- reachable or not (since when), the breaker, the local buckets, the last error (what and
+-- when), the node, the slots it owns. Without shared_preload_libraries it is this
+-- session's own view (shared = false).
 CREATE FUNCTION @extschema@.rl_health(
     OUT redis_reachable boolean,
     OUT since timestamptz,
@@ -607,7 +608,9 @@ CREATE FUNCTION @extschema@.rl_health(
     OUT local_buckets integer,
     OUT shared boolean,
     OUT last_error_at timestamptz,
-    OUT node text)
+    OUT node text,
+    OUT slots integer)
+RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'rl_health' LANGUAGE C VOLATILE PARALLEL RESTRICTED;
 REVOKE ALL ON FUNCTION @extschema@.rl_health() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.rl_health() TO pg_monitor;

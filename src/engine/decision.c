@@ -63,7 +63,7 @@ decision_local(const DecisionRequest *request, BucketMode mode, Decision *decisi
 
 /* Fills decision from the policy's fail mode, for when Redis could not decide. */
 static void
-decide_by_fail_mode(const DecisionRequest *request, Decision *decision)
+decide_by_fail_mode(const DecisionRequest *request, int64 retry_after_ms, Decision *decision)
 {
 	const Policy *policy = &request->policy;
 
@@ -71,7 +71,7 @@ decide_by_fail_mode(const DecisionRequest *request, Decision *decision)
 	{
 		/* Only a bucket that can be reached can be refunded: nothing was given back. */
 		decision->allowed = false;
-		decision->retry_after_ms = breaker_retry_after_ms();
+		decision->retry_after_ms = retry_after_ms;
 		decision->source = DECISION_SOURCE_FAIL_CLOSED;
 		return;
 	}
@@ -88,7 +88,7 @@ decide_by_fail_mode(const DecisionRequest *request, Decision *decision)
 	}
 	/* 'closed', and 'local' where no local bucket can decide (no preload, cost too high). */
 	decision->allowed = false;
-	decision->retry_after_ms = breaker_retry_after_ms();
+	decision->retry_after_ms = retry_after_ms;
 	decision->reset_after_ms = decision->retry_after_ms;
 	decision->source = DECISION_SOURCE_FAIL_CLOSED;
 }
@@ -153,7 +153,7 @@ decision_from_reply(const long long *results, Decision *decision, RedisFailure *
 	return true;
 }
 
-/* One call to Redis, for breaker_call: what to send, and what came back. */
+/* One call to Redis: what to send, and what came back. */
 typedef struct RedisAsk
 {
 	RedisCall	call;
@@ -197,11 +197,11 @@ decision_run(const DecisionRequest *request, Decision *decision)
 	if (request->mode == BUCKET_REFUND || !decision_fixed(policy, decision))
 	{
 		decision_redis_call(request, &ask.call);
-		/* While the breaker is open, Redis is not asked at all. */
-		answered = breaker_call(ask_redis, &ask, &failure);
+		/* While its node's breaker is open, Redis is not asked at all. */
+		answered = ask_redis(&ask, &failure);
 		engine_observe_redis(policy, answered, &failure, ask.call.round_trip_us);
 		if (!answered)
-			decide_by_fail_mode(request, decision);
+			decide_by_fail_mode(request, ask.call.retry_after_ms, decision);
 	}
 	if (request->mode != BUCKET_REFUND)
 		decision_shadow(policy, decision);
@@ -227,7 +227,7 @@ decision_reset(const DecisionRequest *request)
 	ask.call.keys = keys;
 	ask.call.nresults = 1;
 	ask.call.results = palloc(sizeof(long long));
-	answered = breaker_call(ask_redis, &ask, &failure);
+	answered = ask_redis(&ask, &failure);
 	engine_observe_redis(&request->policy, answered, &failure, ask.call.round_trip_us);
 	return answered;
 }

@@ -21,7 +21,7 @@
 #include "policy/subject.h"
 #include "redis/breaker.h"
 
-/* The checks of one call, for breaker_call. */
+/* The checks of one call. */
 typedef struct Group
 {
 	int			count;
@@ -30,6 +30,7 @@ typedef struct Group
 	bool	   *fixed;			/* decided without a bucket (decision_fixed): not in Redis */
 	int			asked;			/* checks that go to Redis */
 	int64		round_trip_us;	/* of the last call to Redis; -1: none */
+	int64		retry_after_ms; /* Redis did not answer: until its node is tried again */
 } Group;
 
 /*
@@ -38,9 +39,9 @@ typedef struct Group
  * decisions filled when Redis answered.
  */
 static bool
-group_redis(void *arg, RedisFailure *failure)
+group_redis(Group *group, RedisFailure *failure)
 {
-	Group	   *group = arg;
+	bool		answered;
 	const char **keys = palloc(group->asked * sizeof(char *));
 	const char **args = palloc((1 + TOKEN_BUCKET_ARGS * group->asked) * sizeof(char *));
 	RedisCall	call = {0};
@@ -63,9 +64,11 @@ group_redis(void *arg, RedisFailure *failure)
 	call.args = args;
 	call.nresults = 4 * n;
 	call.results = palloc(4 * n * sizeof(long long));
-	if (!redis_run_scripts(&call, 1, 0, failure))
-		return false;
+	answered = redis_run_scripts(&call, 1, 0, failure);
 	group->round_trip_us = call.round_trip_us;
+	group->retry_after_ms = call.retry_after_ms;
+	if (!answered)
+		return false;
 	*failure = call.failure;
 	if (!call.answered)
 		return false;
@@ -133,7 +136,7 @@ group_fail_mode(Group *group)
 			/* A shadow or disabled check that fails closed: its mode decides later. */
 			decision->allowed = false;
 			decision->source = DECISION_SOURCE_FAIL_CLOSED;
-			decision->retry_after_ms = breaker_retry_after_ms();
+			decision->retry_after_ms = group->retry_after_ms;
 			continue;
 		}
 		decision_local(&group->requests[i], BUCKET_TAKE, decision);
@@ -168,19 +171,19 @@ group_fail_mode(Group *group)
 			continue;			/* the short local bucket keeps its own answer */
 		decision->allowed = false;
 		decision->source = DECISION_SOURCE_FAIL_CLOSED;
-		decision->retry_after_ms = breaker_retry_after_ms();
+		decision->retry_after_ms = group->retry_after_ms;
 		decision->reset_after_ms = decision->retry_after_ms;
 	}
 }
 
-/* Asks Redis through the breaker, and reports the call (for the first check's policy). */
+/* Asks Redis (unless its node's breaker is open), and reports the call (for the first check's policy). */
 static bool
 group_ask(Group *group, RedisFailure *failure)
 {
 	bool		answered;
 
 	group->round_trip_us = -1;
-	answered = breaker_call(group_redis, group, failure);
+	answered = group_redis(group, failure);
 	engine_observe_redis(&group->requests[0].policy, answered, failure, group->round_trip_us);
 	return answered;
 }

@@ -40,7 +40,7 @@ typedef struct Lease
 	Policy		policy;
 } Lease;
 
-/* One call of a concurrency script, for breaker_call. */
+/* One call of a concurrency script. */
 typedef struct LeaseCall
 {
 	RedisCall	call;
@@ -69,10 +69,8 @@ lease_script_call(LeaseOperation operation, const Policy *policy, const char *ke
 
 /* Runs a concurrency script; true with the decision filled when Redis answered. */
 static bool
-lease_call_redis(void *arg, RedisFailure *failure)
+lease_call_redis(LeaseCall *lease, RedisFailure *failure)
 {
-	LeaseCall  *lease = arg;
-
 	if (!redis_run_scripts(&lease->call, 1, 0, failure))
 		return false;
 	*failure = lease->call.failure;
@@ -80,10 +78,11 @@ lease_call_redis(void *arg, RedisFailure *failure)
 }
 
 /*
- * Runs operation's script on key for lease id, unless the breaker skips
- * Redis. True with decision filled when Redis answered. Otherwise, when
- * unsure is given, it says whether Redis may have run the script all the
- * same (the request went out, and no answer or an error came back).
+ * Runs operation's script on key for lease id, unless its node's breaker
+ * skips Redis. True with decision filled when Redis answered. Otherwise
+ * decision's retry_after_ms is until the node is tried again and, when unsure
+ * is given, it says whether Redis may have run the script all the same (the
+ * request went out, and no answer or an error came back).
  */
 static bool
 lease_call(LeaseOperation operation, const Policy *policy, const char *key, const char *id,
@@ -94,8 +93,10 @@ lease_call(LeaseOperation operation, const Policy *policy, const char *key, cons
 	bool		answered;
 
 	lease_script_call(operation, policy, key, id, &call.call);
-	answered = breaker_call(lease_call_redis, &call, &failure);
+	answered = lease_call_redis(&call, &failure);
 	engine_observe_redis(policy, answered, &failure, call.call.round_trip_us);
+	if (!answered)
+		decision->retry_after_ms = call.call.retry_after_ms;
 	/* An error reply counts too: what a failing script wrote stays in Redis. */
 	if (unsure != NULL)
 		*unsure = !answered && failure.maybe_ran;
@@ -150,7 +151,8 @@ lease_fail_mode(const Policy *policy, Decision *decision)
 {
 	decision->allowed = policy->fail_mode == FAIL_MODE_OPEN;
 	decision->source = decision->allowed ? DECISION_SOURCE_FAIL_OPEN : DECISION_SOURCE_FAIL_CLOSED;
-	decision->retry_after_ms = decision->allowed ? 0 : breaker_retry_after_ms();
+	/* retry_after_ms: lease_call's, until Redis is tried again. */
+	decision->retry_after_ms = decision->allowed ? 0 : Max(decision->retry_after_ms, 1);
 	decision->reset_after_ms = decision->retry_after_ms;
 }
 

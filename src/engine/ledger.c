@@ -71,7 +71,7 @@ typedef struct LedgerLoss
 	struct LedgerLoss *next;
 } LedgerLoss;
 
-/* Entries sent to Redis together, for breaker_call. */
+/* Entries sent to Redis together. */
 typedef struct LedgerBatch
 {
 	RedisCall  *calls;
@@ -256,10 +256,8 @@ loss_reason(const RedisFailure *failure)
 }
 
 static bool
-ledger_send(void *arg, RedisFailure *failure)
+ledger_send(LedgerBatch *batch, RedisFailure *failure)
 {
-	LedgerBatch *batch = arg;
-
 	return redis_run_scripts(batch->calls, batch->ncalls, batch->deadline, failure);
 }
 
@@ -307,7 +305,7 @@ ledger_settle(List *due, bool exiting)
 		};
 		RedisFailure failure;
 
-		(void) breaker_call(ledger_send, &batch, &failure);
+		(void) ledger_send(&batch, &failure);
 		for (int i = 0; i < n; i++)
 		{
 			const RedisFailure *why = calls[i].answered ? &calls[i].failure :

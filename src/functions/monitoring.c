@@ -16,30 +16,29 @@
 #include "observe/stats.h"
 #include "policy/subject.h"
 #include "redis/breaker.h"
+#include "redis/cluster.h"
 #include "redis/connection.h"
 
 /*
- * rl_health(): Redis reachable or not since when, the breaker, the local
- * buckets, the last error and when, the node in use. (Installations not yet
- * updated to 0.5.0 have the first eight columns.)
+ * One row of rl_health for breaker i (false: not the current URL's): its
+ * node reachable or not since when,
+ * the breaker, the last error and when, the node, the slots this backend
+ * sends there; and the local buckets. natts: 8 (before 0.5.0), 10 (before
+ * 0.6.0) or 11.
  */
-RL_SQL_FUNCTION(rl_health)
+static bool
+health_row(int i, int natts, Datum *values, bool *nulls)
 {
 	BreakerHealth health;
-	TupleDesc	desc;
-	Datum		values[10];
-	bool		nulls[10] = {0};
-	const char *node = connection_node();
 	int			in_use,
 				slots;
+	const char *node;
+	int			index;
 
-	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("function returning a record called in a context that cannot accept it")));
-	breaker_health(&health);
+	if (!breaker_health(i, &health))
+		return false;
 	local_usage(&in_use, &slots);
-
+	memset(nulls, 0, 11 * sizeof(bool));
 	values[0] = BoolGetDatum(health.reachable);
 	values[1] = TimestampTzGetDatum(health.since);
 	nulls[1] = health.since == 0;
@@ -54,13 +53,62 @@ RL_SQL_FUNCTION(rl_health)
 	values[5] = Int32GetDatum(in_use);
 	values[6] = Int32GetDatum(slots);
 	values[7] = BoolGetDatum(health.shared);
-	/* Since 0.5.0: when the last error was seen, and the node this backend uses. */
-	if (desc->natts >= 10)
+	if (natts < 10)
+		return true;
+	/* Since 0.5.0: when the last error was seen, and the node. */
+	values[8] = TimestampTzGetDatum(health.last_failure_at);
+	nulls[8] = health.last_failure.kind == REDIS_FAILURE_NONE;
+	/* A Sentinel or unix URL's one breaker: the node this backend is connected to. */
+	index = cluster_node_index(health.node);
+	node = health.node[0] != '\0' ? health.node : connection_node(0);
+	values[9] = CStringGetTextDatum(node);
+	nulls[9] = node[0] == '\0';
+	if (natts < 11)
+		return true;
+	/* Since 0.6.0: the slots of a cluster node (NULL when this backend has no map of them). */
+	values[10] = Int32GetDatum(index >= 0 ? cluster_node_slots(index) : 0);
+	nulls[10] = index < 0 || !cluster_enabled();
+	return true;
+}
+
+/*
+ * rl_health(): a row for each node the server has a breaker for (one, unless
+ * Redis is a cluster). Installations not yet updated to 0.6.0 call it for
+ * one row, that of the first node.
+ */
+RL_SQL_FUNCTION(rl_health)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	TupleDesc	desc;
+	Datum		values[11];
+	bool		nulls[11];
+
+	/* Before the first call, the URL's own node (its breaker, still closed). */
+	cluster_prepare();
+	(void) breaker_for(cluster_node_name(0));
+	if (rsinfo != NULL && IsA(rsinfo, ReturnSetInfo) && (rsinfo->allowedModes & SFRM_Materialize))
 	{
-		values[8] = TimestampTzGetDatum(health.last_failure_at);
-		nulls[8] = health.last_failure.kind == REDIS_FAILURE_NONE;
-		values[9] = CStringGetTextDatum(node);
-		nulls[9] = node[0] == '\0';
+		InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+		for (int i = 0; i < breaker_node_count(); i++)
+			if (health_row(i, rsinfo->setDesc->natts, values, nulls))
+				tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		return (Datum) 0;
+	}
+	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("function returning a record called in a context that cannot accept it")));
+	/* The first row of the current URL's. */
+	{
+		bool		found = false;
+
+		for (int i = 0; i < breaker_node_count() && !found; i++)
+			found = health_row(i, desc->natts, values, nulls);
+		if (!found)
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("the table of Redis nodes is full"),
+					 errhint("Restart the server to empty it; ALTER EXTENSION ratelimit UPDATE lists every node.")));
 	}
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(desc), values, nulls)));
 }

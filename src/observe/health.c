@@ -20,7 +20,7 @@ static bool failure_logged = false;
 void
 health_note(const Policy *policy, bool answered, const RedisFailure *failure)
 {
-	char		line_class[128];
+	char		line_class[256];
 	int64		held_back;
 	char	   *held_back_text;
 
@@ -38,8 +38,9 @@ health_note(const Policy *policy, bool answered, const RedisFailure *failure)
 		failure_logged = false;
 		return;
 	}
-	snprintf(line_class, sizeof(line_class), "redis %s: %s",
-			 redis_failure_kind_name(failure->kind), failure->detail);
+	/* One line per class and node (a cluster's), not per decision. */
+	snprintf(line_class, sizeof(line_class), "redis %s: %s %s",
+			 redis_failure_kind_name(failure->kind), failure->detail, failure->node);
 	if (!log_limit_allow(line_class, breaker_retry_interval_ms, &held_back))
 		return;
 	failure_logged = true;
@@ -58,7 +59,10 @@ health_note(const Policy *policy, bool answered, const RedisFailure *failure)
 		ereport(LOG,
 				(errhidestmt(true),
 				 errhidecontext(true),
+				 failure->node[0] == '\0' ?
 				 errmsg("ratelimit: Redis cannot answer (%s: %s)",
+						redis_failure_kind_name(failure->kind), failure->detail) :
+				 errmsg("ratelimit: Redis node %s cannot answer (%s: %s)", failure->node,
 						redis_failure_kind_name(failure->kind), failure->detail),
 				 errdetail("Policy \"%s\" decides by its fail mode \"%s\" until Redis answers.%s",
 						   policy->name, policy_fail_mode_name(policy->fail_mode), held_back_text)));

@@ -10,7 +10,11 @@
  * its success closes the breaker for everyone. Failures that come from a Redis
  * that serves (another error reply, an old connection cut once) do not trip it.
  *
- * With shared_preload_libraries the state lives in shared memory, so an outage
+ * There is one breaker per node: for a Redis Cluster one per master, so that
+ * a dead master sends only its own slots' decisions to their fail mode; any
+ * other URL has one, whatever node it reaches (a Sentinel failover keeps it).
+ *
+ * With shared_preload_libraries the states live in shared memory, so an outage
  * costs the whole server one timeout per retry_interval instead of one per
  * backend; otherwise each backend keeps its own.
  *
@@ -20,6 +24,7 @@
  */
 #include "prelude.h"
 
+#include "common/hashfn.h"
 #include "port/atomics.h"
 #include "storage/shmem.h"
 #include "storage/spin.h"
@@ -31,7 +36,7 @@
 #include "redis/deadline.h"
 #include "redis/url.h"
 
-typedef struct BreakerState
+struct BreakerState
 {
 	pg_atomic_uint64 open_until_us;
 	slock_t		mutex;			/* guards the fields below, changed only on transitions */
@@ -39,7 +44,24 @@ typedef struct BreakerState
 	TimestampTz since;
 	RedisFailure last_failure;
 	TimestampTz last_failure_at;
-} BreakerState;
+};
+
+/*
+ * The breakers of the nodes, by name: "" for a URL's one node, "host:port"
+ * for a cluster node. A name is written once, before in_use is set, and
+ * never changes.
+ */
+#define BREAKER_NODES 64
+
+typedef struct BreakerTable
+{
+	slock_t		mutex;			/* taken to add a node */
+	pg_atomic_uint32 in_use;	/* entries whose name is set */
+	char		names[BREAKER_NODES][64];
+	/* A hash of the last ratelimit.redis_url that used each: rl_health shows the current URL's. */
+	uint32		url_hashes[BREAKER_NODES];
+	BreakerState states[BREAKER_NODES];
+} BreakerTable;
 
 typedef enum BreakerAttempt
 {
@@ -50,10 +72,12 @@ typedef enum BreakerAttempt
 
 int			breaker_retry_interval_ms = 1000;
 
-static BreakerState *shared_breaker = NULL;
-static BreakerState backend_breaker;
-static BreakerState *breaker = NULL;	/* one of the two; NULL: choose again */
-static uint32 breaker_chosen_for = 0;	/* redis_url_generation() when it was chosen */
+static BreakerTable *shared_table = NULL;
+static BreakerTable backend_table;
+static BreakerTable *table = NULL;	/* one of the two; NULL: choose again */
+static uint32 table_chosen_for = 0; /* redis_url_generation() when it was chosen */
+/* For a node that finds the table full: this backend's own. */
+static BreakerState overflow_breaker;
 
 /* Sets a breaker to "Redis answers". */
 static void
@@ -65,27 +89,102 @@ breaker_state_init(BreakerState *state)
 	state->reachable = true;
 }
 
-/*
- * The state this backend uses. The shared one belongs to the server's Redis
- * (ratelimit.redis_url as set for the whole server); a session that SETs another
- * URL keeps its own, so that its Redis cannot open the breaker for everyone.
- */
-static BreakerState *
-breaker_state(void)
+static void
+breaker_table_init(BreakerTable *init)
 {
-	/* A new URL may mean another Redis: the breaker is chosen again. */
-	if (breaker == NULL || breaker_chosen_for != redis_url_generation())
+	SpinLockInit(&init->mutex);
+	pg_atomic_init_u32(&init->in_use, 0);
+	for (int i = 0; i < BREAKER_NODES; i++)
+		breaker_state_init(&init->states[i]);
+}
+
+/*
+ * The table this backend uses. The shared one belongs to the server's Redis
+ * (ratelimit.redis_url as set for the whole server); a session that SETs another
+ * URL keeps its own, so that its Redis cannot open the breakers for everyone.
+ */
+static BreakerTable *
+breaker_table(void)
+{
+	/* A new URL may mean another Redis: the table is chosen again. */
+	if (table == NULL || table_chosen_for != redis_url_generation())
 	{
-		breaker_chosen_for = redis_url_generation();
-		if (shared_breaker != NULL && redis_url_is_server_wide())
-			breaker = shared_breaker;
+		table_chosen_for = redis_url_generation();
+		if (shared_table != NULL && redis_url_is_server_wide())
+			table = shared_table;
 		else
 		{
-			breaker_state_init(&backend_breaker);
-			breaker = &backend_breaker;
+			breaker_table_init(&backend_table);
+			table = &backend_table;
 		}
 	}
-	return breaker;
+	return table;
+}
+
+/* A hash of the URL now, made again when it changes. */
+static uint32
+url_hash(void)
+{
+	static uint32 hash = 0;
+	static uint32 hashed_for = 0;
+	static bool hashed = false;
+
+	if (!hashed || hashed_for != redis_url_generation())
+	{
+		const char *url = redis_url_current();
+
+		hash = hash_bytes((const unsigned char *) url, strlen(url));
+		hashed_for = redis_url_generation();
+		hashed = true;
+	}
+	return hash;
+}
+
+/* The entry of node in t, -1 if none. */
+static int
+breaker_find(BreakerTable *t, const char *node, uint32 count)
+{
+	for (uint32 i = 0; i < count; i++)
+		if (strcmp(t->names[i], node) == 0)
+			return i;
+	return -1;
+}
+
+/*
+ * The breaker of a node, by name ("" for the URL's one node): found, or added
+ * to the table. A full table leaves the node with this backend's own.
+ */
+BreakerState *
+breaker_for(const char *node)
+{
+	BreakerTable *t = breaker_table();
+	uint32		count = pg_atomic_read_u32(&t->in_use);
+	int			found;
+
+	pg_read_barrier();
+	found = breaker_find(t, node, count);
+	if (found >= 0)
+	{
+		/* Written only when another URL used it last: no shared write per call. */
+		if (t->url_hashes[found] != url_hash())
+			t->url_hashes[found] = url_hash();
+		return &t->states[found];
+	}
+	SpinLockAcquire(&t->mutex);
+	count = pg_atomic_read_u32(&t->in_use);
+	found = breaker_find(t, node, count);
+	if (found < 0 && count < BREAKER_NODES)
+	{
+		strlcpy(t->names[count], node, sizeof(t->names[count]));
+		t->url_hashes[count] = url_hash();
+		pg_write_barrier();
+		pg_atomic_write_u32(&t->in_use, count + 1);
+		found = count;
+	}
+	SpinLockRelease(&t->mutex);
+	if (found >= 0)
+		return &t->states[found];
+	return &overflow_breaker;
 }
 
 /* Defines ratelimit.retry_interval; called once per process from _PG_init. */
@@ -102,7 +201,7 @@ breaker_init(void)
 Size
 breaker_shmem_size(void)
 {
-	return MAXALIGN(sizeof(BreakerState));
+	return MAXALIGN(sizeof(BreakerTable));
 }
 
 /* Attaches to (or creates) the shared breaker; called with AddinShmemInitLock held. */
@@ -111,9 +210,9 @@ breaker_shmem_init(void)
 {
 	bool		found;
 
-	shared_breaker = ShmemInitStruct("ratelimit breaker", sizeof(BreakerState), &found);
+	shared_table = ShmemInitStruct("ratelimit breakers", sizeof(BreakerTable), &found);
 	if (!found)
-		breaker_state_init(shared_breaker);
+		breaker_table_init(shared_table);
 }
 
 /* True for failures that mean Redis cannot serve anyone now. */
@@ -144,17 +243,24 @@ static uint64 claimed_probe = 0;
  * The server's own connect_timeout and command_timeout, for the shared
  * breaker; a backend's own breaker has only the backend's.
  */
+static bool
+state_is_shared(const BreakerState *state)
+{
+	return shared_table != NULL && state >= &shared_table->states[0] &&
+		state < &shared_table->states[BREAKER_NODES];
+}
+
 static int
 server_connect_timeout_ms(BreakerState *state)
 {
-	return state == shared_breaker ? deadline_server_connect_timeout_ms() :
+	return state_is_shared(state) ? deadline_server_connect_timeout_ms() :
 		deadline_connect_timeout_ms;
 }
 
 static int
 server_command_timeout_ms(BreakerState *state)
 {
-	return state == shared_breaker ? deadline_server_command_timeout_ms() :
+	return state_is_shared(state) ? deadline_server_command_timeout_ms() :
 		deadline_command_timeout_ms;
 }
 
@@ -166,7 +272,8 @@ server_command_timeout_ms(BreakerState *state)
 int
 breaker_server_command_timeout_ms(void)
 {
-	return server_command_timeout_ms(breaker_state());
+	return breaker_table() == shared_table ? deadline_server_command_timeout_ms() :
+		deadline_command_timeout_ms;
 }
 
 /*
@@ -226,7 +333,7 @@ failure_is_local(BreakerState *state, const RedisFailure *failure)
 {
 	if ((failure->kind == REDIS_FAILURE_IO && !failure->new_connection) || failure->backend_only)
 		return true;
-	if (failure->kind == REDIS_FAILURE_TIMEOUT && state == shared_breaker)
+	if (failure->kind == REDIS_FAILURE_TIMEOUT && state_is_shared(state))
 		return deadline_command_timeout_ms < server_command_timeout_ms(state) ||
 			deadline_connect_timeout_ms < server_connect_timeout_ms(state);
 	return false;
@@ -286,46 +393,40 @@ breaker_record(BreakerState *state, const RedisFailure *failure)
 }
 
 /*
- * Runs attempt (one Redis call) unless the breaker says to skip Redis, and
- * records its outcome. Returns what attempt returned, or false with failure
- * kind NONE when Redis was skipped. A probe cut short by an error (a cancel)
- * is handed on, so that it cannot keep Redis skipped for its whole deadline.
+ * Whether a call to the node of state may go to Redis: true when its breaker
+ * is closed, or open and this caller won the one probe (*probing). False when
+ * Redis is to be skipped: decide by the fail mode.
  */
 bool
-breaker_call(bool (*attempt) (void *arg, RedisFailure *failure), void *arg,
-			 RedisFailure *failure)
+breaker_begin(BreakerState *state, bool *probing)
 {
-	BreakerState *state = breaker_state();
 	BreakerAttempt allowed = breaker_allows_attempt(state);
-	bool		answered;
 
-	memset(failure, 0, sizeof(*failure));
-	if (allowed == BREAKER_SKIP)
-		return false;
-	if (allowed == BREAKER_PROBE)
-	{
-		PG_TRY();
-		{
-			answered = attempt(arg, failure);
-		}
-		PG_CATCH();
-		{
-			breaker_release_probe(state);
-			PG_RE_THROW();
-		}
-		PG_END_TRY();
-	}
-	else
-		answered = attempt(arg, failure);
-	breaker_record(state, failure);
-	return answered;
+	*probing = allowed == BREAKER_PROBE;
+	return allowed != BREAKER_SKIP;
 }
 
-/* Milliseconds until Redis will be tried again (at least 1): a closed fail mode's retry-after. */
-int64
-breaker_retry_after_ms(void)
+/* Records the outcome of a call breaker_begin let through (kind NONE for success). */
+void
+breaker_end(BreakerState *state, const RedisFailure *failure)
 {
-	BreakerState *state = breaker_state();
+	breaker_record(state, failure);
+}
+
+/*
+ * A probe cut short by an error (a cancel) is handed on, so that it cannot
+ * keep Redis skipped for its whole deadline.
+ */
+void
+breaker_abandon(BreakerState *state)
+{
+	breaker_release_probe(state);
+}
+
+/* Milliseconds until the node of state will be tried again (at least 1): a closed fail mode's retry-after. */
+int64
+breaker_retry_after_ms(BreakerState *state)
+{
 	int64		until = (int64) pg_atomic_read_u64(&state->open_until_us);
 	int64		now = clock_monotonic_us();
 
@@ -334,14 +435,36 @@ breaker_retry_after_ms(void)
 	return Max(breaker_retry_interval_ms, 1);
 }
 
-/* The breaker's state for rl_health(). */
-void
-breaker_health(BreakerHealth *health)
+/* True while the node of state is skipped (its breaker open, a probe under way). */
+bool
+breaker_is_open(BreakerState *state)
 {
-	BreakerState *state = breaker_state();
+	return pg_atomic_read_u64(&state->open_until_us) != 0;
+}
+
+/* How many breakers there are, for breaker_health. */
+int
+breaker_node_count(void)
+{
+	return (int) pg_atomic_read_u32(&breaker_table()->in_use);
+}
+
+/*
+ * The state of breaker i (0 .. breaker_node_count() - 1) for rl_health();
+ * false when the current ratelimit.redis_url was not the last to use it.
+ */
+bool
+breaker_health(int i, BreakerHealth *health)
+{
+	BreakerTable *t = breaker_table();
+	BreakerState *state = &t->states[i];
 	int64		until = (int64) pg_atomic_read_u64(&state->open_until_us);
 	int64		now = clock_monotonic_us();
 
+	pg_read_barrier();
+	if (t->url_hashes[i] != url_hash())
+		return false;
+	strlcpy(health->node, t->names[i], sizeof(health->node));
 	SpinLockAcquire(&state->mutex);
 	health->reachable = state->reachable;
 	health->since = state->since;
@@ -350,5 +473,6 @@ breaker_health(BreakerHealth *health)
 	SpinLockRelease(&state->mutex);
 	health->open = until != 0;
 	health->retry_in_ms = until > now ? (until - now + 999) / 1000 : 0;
-	health->shared = state == shared_breaker;
+	health->shared = t == shared_table;
+	return true;
 }

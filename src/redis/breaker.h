@@ -9,9 +9,13 @@
 
 #include "redis/failure.h"
 
-/* What rl_health() shows of the breaker. */
+/* The breaker of one node. */
+typedef struct BreakerState BreakerState;
+
+/* What rl_health() shows of a breaker. */
 typedef struct BreakerHealth
 {
+	char		node[64];		/* its node, "" for the URL's one node */
 	bool		reachable;		/* the last attempt got an answer */
 	bool		open;			/* decisions skip Redis until the next probe */
 	TimestampTz since;			/* when reachable last changed (0: never tried) */
@@ -26,10 +30,14 @@ extern int	breaker_retry_interval_ms;
 extern void breaker_init(void);
 extern Size breaker_shmem_size(void);
 extern void breaker_shmem_init(void);
-extern bool breaker_call(bool (*attempt) (void *arg, RedisFailure *failure), void *arg,
-						 RedisFailure *failure);
-extern int64 breaker_retry_after_ms(void);
+extern BreakerState *breaker_for(const char *node);
+extern bool breaker_begin(BreakerState *state, bool *probing);
+extern void breaker_end(BreakerState *state, const RedisFailure *failure);
+extern void breaker_abandon(BreakerState *state);
+extern int64 breaker_retry_after_ms(BreakerState *state);
+extern bool breaker_is_open(BreakerState *state);
 extern int	breaker_server_command_timeout_ms(void);
-extern void breaker_health(BreakerHealth *health);
+extern int	breaker_node_count(void);
+extern bool breaker_health(int i, BreakerHealth *health);
 
 #endif							/* RL_BREAKER_H */

@@ -1,8 +1,13 @@
 /*
  * connection.c
- *	  One Redis connection per backend, opened lazily, used without ever blocking.
+ *	  One Redis connection per node and backend, opened lazily, used without
+ *	  ever blocking.
  *
- * Opening it is: for a Sentinel URL, finding the master (sentinel.c); then
+ * The nodes are cluster.c's: node 0 is the URL's (for a Sentinel URL, the
+ * master its sentinels name), the others the nodes of a Redis Cluster, each
+ * reached with the URL's TLS, user and password.
+ *
+ * Opening one is: for a Sentinel URL, finding the master (sentinel.c); then
  * connecting (stream.c: the socket, with TLS for rediss://), and AUTH, SELECT
  * and, for a Sentinel URL, ROLE in one round trip, all within
  * connect_timeout. A node that ROLE says is not the master is not used.
@@ -25,6 +30,7 @@
 
 #include "base/clock.h"
 #include "base/secret.h"
+#include "redis/cluster.h"
 #include "redis/connection.h"
 #include "redis/deadline.h"
 #include "redis/exchange.h"
@@ -33,9 +39,14 @@
 #include "redis/tls.h"
 #include "redis/url.h"
 
+/* The scripts one connection has sent; more room than there are scripts. */
+#define SENT_SCRIPTS_MAX 64
+
 typedef struct RedisConnection
 {
+	RedisStream stream;
 	char	   *url;			/* the ratelimit.redis_url it was opened with */
+	uint32		epoch;			/* cluster_epoch() when it was opened */
 	bool		busy;			/* a request is under way (or was cut off) */
 	char		node[300];		/* the node it is connected to, for rl_health ("" none) */
 	uint32		tls_generation; /* tls_settings_generation() when it was opened */
@@ -44,23 +55,42 @@ typedef struct RedisConnection
 	char		master_host[256];
 	int			master_port;
 	int64		next_check_us;
+	/* Scripts sent on it: Redis has them cached, unless it restarted or flushed them. */
+	const LuaScript *sent_scripts[SENT_SCRIPTS_MAX];
+	int			sent_script_count;
 } RedisConnection;
 
-static RedisConnection connection = {0};
-static RedisStream stream = REDIS_STREAM_CLOSED;
+/* Allocated as nodes are first used. */
+static RedisConnection *connections[REDIS_MAX_NODES];
 
 /* How often a connection found through Sentinel checks that its node is still the master. */
 static int	sentinel_check_interval_ms = 1000;
 
-/* Closes the connection and frees everything it holds. */
-static void
-redis_disconnect(void)
+/* The connection of a node, allocated (closed) the first time. */
+static RedisConnection *
+connection_of(int node)
 {
-	stream_close(&stream);
-	if (connection.url != NULL)
-		pfree(connection.url);
-	connection.url = NULL;
-	connection.busy = false;
+	Assert(node >= 0 && node < REDIS_MAX_NODES);
+	if (connections[node] == NULL)
+	{
+		RedisStream closed = REDIS_STREAM_CLOSED;
+
+		connections[node] = MemoryContextAllocZero(TopMemoryContext, sizeof(RedisConnection));
+		connections[node]->stream = closed;
+	}
+	return connections[node];
+}
+
+/* Closes a connection and frees everything it holds. */
+static void
+redis_disconnect(RedisConnection *connection)
+{
+	stream_close(&connection->stream);
+	if (connection->url != NULL)
+		pfree(connection->url);
+	connection->url = NULL;
+	connection->busy = false;
+	connection->sent_script_count = 0;
 	exchange_reset();
 }
 
@@ -70,13 +100,15 @@ redis_disconnect(void)
  * failover the name may point elsewhere.
  */
 bool
-connection_exchange(int nreplies, int64 deadline, ExchangeReplyHandler handler, void *arg,
-					RedisFailure *failure)
+connection_exchange(int node, int nreplies, int64 deadline, ExchangeReplyHandler handler,
+					void *arg, RedisFailure *failure)
 {
-	Assert(stream_is_open(&stream) && connection.busy);
-	if (exchange_run(&stream, nreplies, deadline, handler, arg, failure))
+	RedisConnection *connection = connection_of(node);
+
+	Assert(stream_is_open(&connection->stream) && connection->busy);
+	if (exchange_run(&connection->stream, nreplies, deadline, handler, arg, failure))
 		return true;
-	redis_disconnect();
+	redis_disconnect(connection);
 	socket_forget_address();
 	return false;
 }
@@ -120,7 +152,8 @@ handshake_reply(int index, const RespValue *reply, void *arg)
 
 /* Sends AUTH, SELECT and ROLE, as the URL asks, in one round trip. */
 static bool
-redis_handshake(const RedisUrl *url, const char *password, int64 deadline, RedisFailure *failure)
+redis_handshake(int node, const RedisUrl *url, const char *password, int64 deadline,
+				RedisFailure *failure)
 {
 	StringInfo	out = exchange_output();
 	HandshakeResult result = {.role_reply = -1};
@@ -156,7 +189,7 @@ redis_handshake(const RedisUrl *url, const char *password, int64 deadline, Redis
 	}
 	if (commands == 0)
 		return true;
-	if (!connection_exchange(commands, deadline, handshake_reply, &result, failure))
+	if (!connection_exchange(node, commands, deadline, handshake_reply, &result, failure))
 	{
 		failure->maybe_ran = false;
 		return false;
@@ -164,7 +197,7 @@ redis_handshake(const RedisUrl *url, const char *password, int64 deadline, Redis
 	if (result.refused)
 	{
 		*failure = result.failure;
-		redis_disconnect();
+		redis_disconnect(connection_of(node));
 		return false;
 	}
 	return true;
@@ -172,24 +205,26 @@ redis_handshake(const RedisUrl *url, const char *password, int64 deadline, Redis
 
 /* Remembers the node connected to, as rl_health shows it (no user, no password). */
 static void
-note_node(const RedisEndpoint *endpoint, const RedisUrl *url)
+note_node(RedisConnection *connection, const RedisEndpoint *endpoint, const RedisUrl *url)
 {
 	if (endpoint->path != NULL)
-		snprintf(connection.node, sizeof(connection.node), "unix:%s", endpoint->path);
+		snprintf(connection->node, sizeof(connection->node), "unix:%s", endpoint->path);
 	else
-		snprintf(connection.node, sizeof(connection.node),
+		snprintf(connection->node, sizeof(connection->node),
 				 strchr(endpoint->host, ':') ? "[%s]:%d%s" : "%s:%d%s", endpoint->host,
 				 endpoint->port, url->nsentinels > 0 ? " (master of the sentinels)" : "");
 }
 
 /*
- * Opens the connection named by ratelimit.redis_url: the master of a
- * Sentinel URL found first, then AUTH, SELECT (and ROLE), each step within
- * connect_timeout (and deadline, when not 0).
+ * Opens the connection to node: for node 0, the one ratelimit.redis_url
+ * names (the master of a Sentinel URL found first), for others the cluster
+ * node; then AUTH, SELECT (and ROLE), each step within connect_timeout (and
+ * deadline, when not 0).
  */
 static bool
-redis_connect(int64 deadline, RedisFailure *failure)
+redis_connect(int node, int64 deadline, RedisFailure *failure)
 {
+	RedisConnection *connection = connection_of(node);
 	const char *current = redis_url_current();
 	RedisUrl	url;
 	RedisEndpoint endpoint = {0};
@@ -209,40 +244,54 @@ redis_connect(int64 deadline, RedisFailure *failure)
 
 	exchange_reset();
 	/* Busy from here: a cancel while connecting leaves it to be closed at abort. */
-	connection.busy = true;
-	connection.node[0] = '\0';
-	connection.sentinel = url.nsentinels > 0;
-	if (connection.sentinel)
+	connection->busy = true;
+	connection->node[0] = '\0';
+	connection->sentinel = url.nsentinels > 0;
+	connection->sent_script_count = 0;
+	if (connection->sentinel)
 	{
 		RedisHostPort master;
 
 		if (!sentinel_find_master(&url, deadline_connect_timeout_ms, deadline, &master, failure))
 		{
-			connection.busy = false;
+			connection->busy = false;
 			return false;
 		}
 		url.host = master.host;
 		url.port = master.port;
-		strlcpy(connection.master_host, master.host, sizeof(connection.master_host));
-		connection.master_port = master.port;
-		connection.next_check_us = clock_monotonic_us() + (int64) sentinel_check_interval_ms * 1000;
+		strlcpy(connection->master_host, master.host, sizeof(connection->master_host));
+		connection->master_port = master.port;
+		connection->next_check_us = clock_monotonic_us() + (int64) sentinel_check_interval_ms * 1000;
+	}
+	else if (url.nseeds > 0)
+	{
+		const char *host;
+
+		/* A cluster node, or one of the URL's. */
+		if (!cluster_node_address(node, &host, &url.port))
+		{
+			connection->busy = false;
+			return redis_fail(failure, REDIS_FAILURE_CONFIG, "the cluster node has no address");
+		}
+		url.host = (char *) host;
 	}
 	endpoint.path = url.path;
 	endpoint.host = url.host;
 	endpoint.port = url.port;
-	if (!stream_open(&stream, &endpoint, url.tls, deadline_connect_timeout_ms, deadline,
-					 &connect_deadline, failure))
+	if (!stream_open(&connection->stream, &endpoint, url.tls, deadline_connect_timeout_ms,
+					 deadline, &connect_deadline, failure))
 	{
-		connection.busy = false;
+		connection->busy = false;
 		return false;
 	}
-	if (!redis_handshake(&url, password, connect_deadline, failure))
+	if (!redis_handshake(node, &url, password, connect_deadline, failure))
 		return false;
 
-	note_node(&endpoint, &url);
-	connection.tls_generation = tls_settings_generation();
-	connection.url = MemoryContextStrdup(TopMemoryContext, current);
-	connection.busy = false;
+	note_node(connection, &endpoint, &url);
+	connection->tls_generation = tls_settings_generation();
+	connection->epoch = cluster_epoch();
+	connection->url = MemoryContextStrdup(TopMemoryContext, current);
+	connection->busy = false;
 	return true;
 }
 
@@ -252,16 +301,17 @@ redis_connect(int64 deadline, RedisFailure *failure)
  * closed it meanwhile. Closes it otherwise.
  */
 static bool
-redis_connection_usable(void)
+redis_connection_usable(RedisConnection *connection)
 {
-	if (!stream_is_open(&stream))
+	if (!stream_is_open(&connection->stream))
 		return false;
-	if (!connection.busy && connection.url != NULL &&
-		strcmp(connection.url, redis_url_current()) == 0 &&
-		connection.tls_generation == tls_settings_generation() &&
-		stream_idle_and_open(&stream))
+	if (!connection->busy && connection->url != NULL &&
+		connection->epoch == cluster_epoch() &&
+		strcmp(connection->url, redis_url_current()) == 0 &&
+		connection->tls_generation == tls_settings_generation() &&
+		stream_idle_and_open(&connection->stream))
 		return true;
-	redis_disconnect();
+	redis_disconnect(connection);
 	return false;
 }
 
@@ -273,7 +323,7 @@ redis_connection_usable(void)
  * no sentinel answers (within command_timeout), the node stays in use.
  */
 static bool
-master_moved(int64 deadline)
+master_moved(RedisConnection *connection, int64 deadline)
 {
 	int64		now = clock_monotonic_us();
 	RedisUrl	url;
@@ -282,9 +332,9 @@ master_moved(int64 deadline)
 	const char *problem;
 	int64		check_deadline;
 
-	if (!connection.sentinel || now < connection.next_check_us)
+	if (!connection->sentinel || now < connection->next_check_us)
 		return false;
-	connection.next_check_us = now + (int64) sentinel_check_interval_ms * 1000;
+	connection->next_check_us = now + (int64) sentinel_check_interval_ms * 1000;
 	if (!redis_url_parse(redis_url_current(), &url, &problem) || url.nsentinels == 0)
 		return false;
 	check_deadline = now + (int64) deadline_command_timeout_ms * 1000;
@@ -292,8 +342,8 @@ master_moved(int64 deadline)
 		check_deadline = Min(check_deadline, deadline);
 	if (!sentinel_find_master(&url, deadline_command_timeout_ms, check_deadline, &master, &failure))
 		return false;
-	return strcmp(master.host, connection.master_host) != 0 ||
-		master.port != connection.master_port;
+	return strcmp(master.host, connection->master_host) != 0 ||
+		master.port != connection->master_port;
 }
 
 /*
@@ -304,9 +354,12 @@ master_moved(int64 deadline)
 static void
 redis_xact_callback(XactEvent event, void *arg)
 {
-	if ((event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT) &&
-		stream_is_open(&stream) && connection.busy)
-		redis_disconnect();
+	if (event != XACT_EVENT_ABORT && event != XACT_EVENT_PARALLEL_ABORT)
+		return;
+	for (int node = 0; node < REDIS_MAX_NODES; node++)
+		if (connections[node] != NULL && stream_is_open(&connections[node]->stream) &&
+			connections[node]->busy)
+			redis_disconnect(connections[node]);
 }
 
 /*
@@ -325,21 +378,24 @@ connection_init(void)
 }
 
 /*
- * Makes the connection ready for a request: the open one when it is usable,
- * else a new one (connect_timeout, and deadline when not 0, bound opening it);
- * *opened says which. False, saying why in failure, when it cannot be opened.
+ * Makes node's connection ready for a request: the open one when it is
+ * usable, else a new one (connect_timeout, and deadline when not 0, bound
+ * opening it); *opened says which. False, saying why in failure, when it
+ * cannot be opened.
  */
 bool
-connection_open(int64 deadline, bool *opened, RedisFailure *failure)
+connection_open(int node, int64 deadline, bool *opened, RedisFailure *failure)
 {
+	RedisConnection *connection = connection_of(node);
+
 	*opened = false;
-	if (redis_connection_usable())
+	if (redis_connection_usable(connection))
 	{
-		if (!master_moved(deadline))
+		if (!master_moved(connection, deadline))
 			return true;
-		redis_disconnect();
+		redis_disconnect(connection);
 	}
-	if (!redis_connect(deadline, failure))
+	if (!redis_connect(node, deadline, failure))
 	{
 		socket_forget_address();
 		return false;
@@ -356,36 +412,58 @@ connection_output(void)
 }
 
 /*
- * A request starts: until connection_done, a connection cut off is not to be
- * reused.
+ * A request starts on node: until connection_done, a connection cut off is
+ * not to be reused.
  */
 void
-connection_begin(void)
+connection_begin(int node)
 {
-	connection.busy = true;
+	connection_of(node)->busy = true;
 }
 
-/* The request is complete: the connection may carry another. */
+/* The request is complete: node's connection may carry another. */
 void
-connection_done(void)
+connection_done(int node)
 {
-	connection.busy = false;
+	connection_of(node)->busy = false;
 }
 
-/* Closes the idle connection now: its node cannot serve, the next call connects anew. */
+/* Closes node's idle connection now: the node cannot serve, the next call connects anew. */
 void
-connection_discard(void)
+connection_discard(int node)
 {
-	if (stream_is_open(&stream) && !connection.busy)
+	RedisConnection *connection = connection_of(node);
+
+	if (stream_is_open(&connection->stream) && !connection->busy)
 	{
-		redis_disconnect();
+		redis_disconnect(connection);
 		socket_forget_address();
 	}
 }
 
-/* The node the connection is to (for rl_health), or "" when none is open. */
-const char *
-connection_node(void)
+/*
+ * True when node's connection has sent script already (Redis most likely has
+ * it cached); else notes that it is being sent now, when there is room.
+ */
+bool
+connection_script_sent(int node, const LuaScript *script)
 {
-	return stream_is_open(&stream) ? connection.node : "";
+	RedisConnection *connection = connection_of(node);
+
+	for (int i = 0; i < connection->sent_script_count; i++)
+		if (connection->sent_scripts[i] == script)
+			return true;
+	if (connection->sent_script_count < SENT_SCRIPTS_MAX)
+		connection->sent_scripts[connection->sent_script_count++] = script;
+	return false;
+}
+
+/* The node a connection is to (for rl_health), or "" when none is open. */
+const char *
+connection_node(int node)
+{
+	if (node < 0 || node >= REDIS_MAX_NODES || connections[node] == NULL ||
+		!stream_is_open(&connections[node]->stream))
+		return "";
+	return connections[node]->node;
 }

@@ -63,6 +63,8 @@ static const struct
 	{"NOREPLICAS", REDIS_FAILURE_READONLY},
 	{"LOADING", REDIS_FAILURE_LOADING},
 	{"MASTERDOWN", REDIS_FAILURE_MASTERDOWN},
+	{"CLUSTERDOWN", REDIS_FAILURE_CLUSTERDOWN},
+	{"TRYAGAIN", REDIS_FAILURE_TRYAGAIN},
 	{"BUSY", REDIS_FAILURE_BUSY},
 	{"OOM", REDIS_FAILURE_OOM},
 	{"NOSCRIPT", REDIS_FAILURE_NOSCRIPT},
@@ -148,18 +150,25 @@ redis_failure_kind_name(RedisFailureKind kind)
 			return "oom";
 		case REDIS_FAILURE_NOSCRIPT:
 			return "noscript";
+		case REDIS_FAILURE_CLUSTERDOWN:
+			return "clusterdown";
+		case REDIS_FAILURE_TRYAGAIN:
+			return "tryagain";
+		case REDIS_FAILURE_REDIRECT:
+			return "redirect";
 	}
 	return "unknown";
 }
 
 /*
  * True for a failure that says this node cannot serve anyone now (a replica,
- * loading, without its master): the connection to it is closed, so that the
- * next one (for a Sentinel URL, to the master found again) is another.
+ * loading, without its master, a cluster that is down): the connection to it
+ * is closed, so that the next one (for a Sentinel URL, to the master found
+ * again) is another.
  */
 bool
 redis_failure_wrong_node(RedisFailureKind kind)
 {
 	return kind == REDIS_FAILURE_READONLY || kind == REDIS_FAILURE_LOADING ||
-		kind == REDIS_FAILURE_MASTERDOWN;
+		kind == REDIS_FAILURE_MASTERDOWN || kind == REDIS_FAILURE_CLUSTERDOWN;
 }

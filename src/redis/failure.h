@@ -22,13 +22,16 @@ typedef enum RedisFailureKind
 	REDIS_FAILURE_READONLY,		/* refuses writes: a replica (READONLY, ROLE), or NOREPLICAS */
 	REDIS_FAILURE_LOADING,		/* loading its dataset */
 	REDIS_FAILURE_MASTERDOWN,	/* a replica that lost its master */
+	REDIS_FAILURE_CLUSTERDOWN,	/* a cluster node that says the cluster cannot serve */
 	/* The node answers, but not this request: */
 	REDIS_FAILURE_BUSY,			/* running a script that does not end */
 	REDIS_FAILURE_OOM,			/* over maxmemory */
-	REDIS_FAILURE_NOSCRIPT		/* the script is gone, even after it was sent again */
+	REDIS_FAILURE_NOSCRIPT,		/* the script is gone, even after it was sent again */
+	REDIS_FAILURE_TRYAGAIN,		/* a cluster slot half moved: its keys on two nodes */
+	REDIS_FAILURE_REDIRECT		/* redirected (MOVED, ASK) more often than a call may be */
 } RedisFailureKind;
 
-#define REDIS_FAILURE_KINDS (REDIS_FAILURE_NOSCRIPT + 1)
+#define REDIS_FAILURE_KINDS (REDIS_FAILURE_REDIRECT + 1)
 
 typedef struct RedisFailure
 {
@@ -44,6 +47,8 @@ typedef struct RedisFailure
 	bool		maybe_ran;
 	/* It came on a connection opened for this very request (Redis drops new ones). */
 	bool		new_connection;
+	/* The cluster node it came from, "host:port" ("" when not a cluster). */
+	char		node[64];
 } RedisFailure;
 
 extern bool redis_fail(RedisFailure *failure, RedisFailureKind kind, const char *detail);

@@ -2,24 +2,36 @@
  * pipeline.c
  *	  The script protocol: Lua scripts run by their SHA1 (EVALSHA), with the
  *	  body sent once more (EVAL) after NOSCRIPT; any number of calls in one
- *	  pipeline, each with its own answer.
+ *	  pipeline per node, each with its own answer.
  *
  * The interface is "run these script calls for these keys": the caller groups
- * keys (every key of a call shares a hash tag) and reads each call's outcome,
- * so that routing calls to the nodes of a Redis Cluster, or another socket
- * layer, can come behind it.
+ * keys (every key of a call shares a hash tag) and reads each call's outcome.
+ * Each call goes to the node that holds its keys (cluster.c): for a Redis
+ * Cluster the master of their slot, found again at once when a reply says
+ * MOVED or ASK, at most REDIS_MAX_REDIRECTS times and within the same
+ * deadline. Every node has its breaker (breaker.c): calls to a node that
+ * cannot be reached skip Redis, the others go on.
  */
 #include "prelude.h"
 
 #include "utils/builtins.h"
 
 #include "base/clock.h"
+#include "redis/breaker.h"
+#include "redis/cluster.h"
 #include "redis/connection.h"
 #include "redis/deadline.h"
 #include "redis/pipeline.h"
 #include "redis/resp.h"
 
-/* Queues EVALSHA (or EVAL with the body) of one call. */
+/* The most times one call may be redirected (MOVED, ASK) before it fails. */
+#define REDIS_MAX_REDIRECTS 5
+
+/* What a reply of an exchange answers, besides a call (whose index it is then). */
+#define SENT_SLOT_MAP (-1)
+#define SENT_ASKING (-2)
+
+/* Queues EVALSHA (or EVAL with the body) of one call, after ASKING if it was redirected so. */
 static void
 redis_append_call(const RedisCall *call, bool by_sha)
 {
@@ -27,6 +39,12 @@ redis_append_call(const RedisCall *call, bool by_sha)
 	const char **argv = palloc(argc * sizeof(char *));
 	char		key_count[12];
 
+	if (call->asking)
+	{
+		const char *asking[1] = {"ASKING"};
+
+		resp_append_command(connection_output(), 1, asking);
+	}
 	snprintf(key_count, sizeof(key_count), "%d", call->nkeys);
 	argv[0] = by_sha ? "EVALSHA" : "EVAL";
 	argv[1] = by_sha ? call->script->sha1 : call->script->body;
@@ -39,32 +57,86 @@ redis_append_call(const RedisCall *call, bool by_sha)
 	pfree(argv);
 }
 
-/* The calls of a pipeline and, for the exchange, which of them each reply answers. */
+/* The calls of a run, and for an exchange with one node what each reply answers. */
 typedef struct Pipeline
 {
 	RedisCall  *calls;
-	int		   *sent;			/* index in calls of each command sent */
+	int			ncalls;
+	int64		deadline;		/* the caller's, or 0 */
+	int64		first_sent_us;	/* when the run's first byte went out; 0: not yet */
+	int			node;			/* of the exchange under way */
+	int		   *sent;			/* for each reply: a call's index, SENT_SLOT_MAP or SENT_ASKING */
 	int			resend;			/* calls that answered NOSCRIPT */
 } Pipeline;
 
-/* Stores one call's reply: its integers, or why there are none. */
+/* Takes a redirect: the call goes to the node named next, or fails when it went too often. */
+static void
+call_redirected(RedisCall *call, const RespValue *reply)
+{
+	bool		ask;
+	int			node;
+
+	if (!cluster_redirect(reply->str, reply->length, &ask, &node))
+	{
+		redis_fail(&call->failure, REDIS_FAILURE_REDIRECT, "a node that cannot be used");
+		return;
+	}
+	if (call->redirects == REDIS_MAX_REDIRECTS)
+	{
+		redis_fail(&call->failure, REDIS_FAILURE_REDIRECT, "redirected too often");
+		return;
+	}
+	call->redirects++;
+	call->node = node;
+	call->asking = ask;
+	/* Not yet done: it is sent again, to its new node. */
+	call->failure.maybe_ran = false;
+}
+
+/* True for an error reply that redirects: "MOVED ..." or "ASK ...". */
+static bool
+is_redirect(const RespValue *reply)
+{
+	return (reply->length > 6 && memcmp(reply->str, "MOVED ", 6) == 0) ||
+		(reply->length > 4 && memcmp(reply->str, "ASK ", 4) == 0);
+}
+
+/* Stores one reply: the slot map, ASKING's, or a call's integers, or why there are none. */
 static void
 call_reply(int index, const RespValue *reply, void *arg)
 {
 	Pipeline   *pipeline = arg;
-	RedisCall  *call = &pipeline->calls[pipeline->sent[index]];
+	RedisCall  *call;
 	RespIterator elements;
 	RespValue	element;
 	int			n = 0;
 
+	if (pipeline->sent[index] == SENT_SLOT_MAP)
+	{
+		cluster_learn_map(reply, pipeline->node);
+		return;
+	}
+	if (pipeline->sent[index] == SENT_ASKING)
+		return;					/* its error, if any, comes again with the call */
+	call = &pipeline->calls[pipeline->sent[index]];
 	memset(&call->failure, 0, sizeof(call->failure));
 	call->failure.maybe_ran = true;
+	call->done = true;
 	if (reply->type == RESP_ERROR)
 	{
+		if (is_redirect(reply))
+		{
+			call_redirected(call, reply);
+			call->done = call->failure.kind != REDIS_FAILURE_NONE;
+			return;
+		}
 		/* Redis restarted, failed over or flushed its scripts: sent again with the body. */
 		redis_fail_with_error(&call->failure, reply->str, reply->length);
 		if (call->failure.kind == REDIS_FAILURE_NOSCRIPT)
+		{
+			call->done = false;
 			pipeline->resend++;
+		}
 		return;
 	}
 	if (reply->type != RESP_ARRAY || reply->length != call->nresults)
@@ -86,52 +158,50 @@ call_reply(int index, const RespValue *reply, void *arg)
 	call->failure.maybe_ran = false;
 }
 
-/*
- * The scripts the current connection has sent: Redis has them in its cache
- * from then on, unless it restarted or flushed them (then NOSCRIPT says so).
- * More room than there are scripts.
- */
-#define SENT_SCRIPTS_MAX 64
-static const LuaScript *sent_scripts[SENT_SCRIPTS_MAX];
-static int	sent_script_count = 0;
-
-/* True when script is one of the count in list; else adds it there, if there is room. */
+/* True when calls[i] goes to node in this exchange. */
 static bool
-script_listed(const LuaScript **list, int *count, int room, const LuaScript *script)
+call_for(const Pipeline *pipeline, int i, int node)
 {
-	for (int i = 0; i < *count; i++)
-		if (list[i] == script)
-			return true;
-	if (*count < room)
-		list[(*count)++] = script;
-	return false;
+	return !pipeline->calls[i].done && pipeline->calls[i].node == node;
 }
 
-/* True when a call after calls[i] runs the same script. */
+/* True when a call after calls[i] to the same node runs the same script. */
 static bool
-script_used_again(const RedisCall *calls, int ncalls, int i)
+script_used_again(const Pipeline *pipeline, int i)
 {
-	for (int j = i + 1; j < ncalls; j++)
-		if (calls[j].script == calls[i].script)
+	for (int j = i + 1; j < pipeline->ncalls; j++)
+		if (call_for(pipeline, j, pipeline->node) &&
+			pipeline->calls[j].script == pipeline->calls[i].script)
 			return true;
 	return false;
 }
 
 /*
  * Whether calls[i], sent for the first time, names its script by SHA1
- * (EVALSHA) rather than carrying its body (EVAL). By SHA1 once the connection
- * has sent the script, and the first time too when the pipeline has no other
- * call of it: Redis most likely has it cached already, and NOSCRIPT would cost
- * one call sent again. But the first of many calls of a script new to the
- * connection (the refunds of a rollback, after a reconnect) carries the body:
- * else every one of them could answer NOSCRIPT and go twice.
+ * (EVALSHA) rather than carrying its body (EVAL). By SHA1 once the node's
+ * connection has sent the script, and the first time too when the exchange
+ * has no other call of it: Redis most likely has it cached already, and
+ * NOSCRIPT would cost one call sent again. But the first of many calls of a
+ * script new to the connection (the refunds of a rollback, after a reconnect)
+ * carries the body: else every one of them could answer NOSCRIPT and go twice.
  */
 static bool
-call_by_sha(const RedisCall *calls, int ncalls, int i)
+call_by_sha(const Pipeline *pipeline, int i)
 {
-	if (script_listed(sent_scripts, &sent_script_count, SENT_SCRIPTS_MAX, calls[i].script))
+	if (connection_script_sent(pipeline->node, pipeline->calls[i].script))
 		return true;
-	return !script_used_again(calls, ncalls, i);
+	return !script_used_again(pipeline, i);
+}
+
+/* True when script is one of the count in list; else adds it there. */
+static bool
+script_listed(const LuaScript **list, int *count, const LuaScript *script)
+{
+	for (int i = 0; i < *count; i++)
+		if (list[i] == script)
+			return true;
+	list[(*count)++] = script;
+	return false;
 }
 
 /* How redis_send_calls sends: the first time, or again after NOSCRIPT. */
@@ -143,35 +213,48 @@ typedef enum SendPass
 } SendPass;
 
 /*
- * Sends the calls still to be sent and reads their replies. Sent again, the
- * first call of each script carries its body, which loads it, and the others
- * name it by SHA1; should Redis drop the script before those run (Redis 7.4
- * evicts scripts that EVAL loaded), they go once more, each with its body.
+ * Sends the node's calls still to be sent and reads their replies (the slot
+ * map asked first, when cluster.c wants it). Sent again, the first call of
+ * each script carries its body, which loads it, and the others name it by
+ * SHA1; should Redis drop the script before those run (Redis 7.4 evicts
+ * scripts that EVAL loaded), they go once more, each with its body.
  */
 static bool
-redis_send_calls(Pipeline *pipeline, int ncalls, SendPass pass, int64 deadline,
-				 RedisFailure *failure)
+redis_send_calls(Pipeline *pipeline, SendPass pass, int64 deadline, RedisFailure *failure)
 {
-	const LuaScript **loaded = pass == SEND_AGAIN ? palloc(ncalls * sizeof(LuaScript *)) : NULL;
+	const LuaScript **loaded = pass == SEND_AGAIN ?
+		palloc(pipeline->ncalls * sizeof(LuaScript *)) : NULL;
 	int			nloaded = 0;
 	int			count = 0;
 
-	for (int i = 0; i < ncalls; i++)
+	if (pass == SEND_FIRST && cluster_wants_map())
+	{
+		const char *argv[2] = {"CLUSTER", "SLOTS"};
+
+		resp_append_command(connection_output(), 2, argv);
+		pipeline->sent[count++] = SENT_SLOT_MAP;
+	}
+	for (int i = 0; i < pipeline->ncalls; i++)
 	{
 		RedisCall  *call = &pipeline->calls[i];
 		bool		by_sha;
 
-		if (pass != SEND_FIRST && call->failure.kind != REDIS_FAILURE_NOSCRIPT)
+		if (!call_for(pipeline, i, pipeline->node) ||
+			(pass != SEND_FIRST && call->failure.kind != REDIS_FAILURE_NOSCRIPT))
 			continue;
-		/* Sent again: until it answers, it is a request that went out. */
+		/* Sent: until it answers, it is a request that went out. */
 		memset(&call->failure, 0, sizeof(call->failure));
 		call->failure.maybe_ran = true;
+		if (call->first_sent_us == 0)
+			call->first_sent_us = clock_monotonic_us();
 		if (pass == SEND_FIRST)
-			by_sha = call_by_sha(pipeline->calls, ncalls, i);
+			by_sha = call_by_sha(pipeline, i);
 		else if (pass == SEND_AGAIN)
-			by_sha = script_listed(loaded, &nloaded, ncalls, call->script);
+			by_sha = script_listed(loaded, &nloaded, call->script);
 		else
 			by_sha = false;
+		if (call->asking)
+			pipeline->sent[count++] = SENT_ASKING;
 		redis_append_call(call, by_sha);
 		pipeline->sent[count++] = i;
 	}
@@ -180,82 +263,271 @@ redis_send_calls(Pipeline *pipeline, int ncalls, SendPass pass, int64 deadline,
 	pipeline->resend = 0;
 	if (count == 0)
 		return true;
-	return connection_exchange(count, deadline, call_reply, pipeline, failure);
+	return connection_exchange(pipeline->node, count, deadline, call_reply, pipeline, failure);
 }
 
 /*
- * Runs calls in one pipeline (one write, one round trip) and stores each one's
- * answer in it, with the pipeline's round trip. deadline (clock_monotonic_us
- * time) bounds it all, connect included; 0 means the usual deadlines
- * (connect_timeout to connect, then command_timeout from the first byte sent).
- * Returns false, saying why in failure, when the connection failed: the calls
- * answered before that keep their answers, and failure->maybe_ran says whether
- * the others may have run. A call Redis answered with an error has it in its
- * own failure. Never raises an error itself, except for an interrupt served
- * while waiting.
+ * Runs the pending calls of one node in one exchange (and the NOSCRIPT
+ * rounds). False, with failure, when the connection failed.
  */
-bool
-redis_run_scripts(RedisCall *calls, int ncalls, int64 deadline, RedisFailure *failure)
+static bool
+node_exchange(Pipeline *pipeline, RedisFailure *failure)
 {
-	Pipeline	pipeline = {.calls = calls};
+	int			node = pipeline->node;
 	bool		opened;
 	bool		reopened = false;
-	int64		sent = 0;
-	int64		request_deadline = 0;
+	int64		request_deadline;
 	bool		ok;
-
-	Assert(ncalls > 0);
-	memset(failure, 0, sizeof(*failure));
-	for (int i = 0; i < ncalls; i++)
-	{
-		Assert(calls[i].nresults > 0 && calls[i].nkeys > 0);
-		calls[i].answered = false;
-		calls[i].round_trip_us = -1;
-		memset(&calls[i].failure, 0, sizeof(calls[i].failure));
-	}
-	pipeline.sent = palloc(ncalls * sizeof(int));
 
 	for (;;)
 	{
-		if (!connection_open(deadline, &opened, failure))
+		if (!connection_open(node, pipeline->deadline, &opened, failure))
 		{
 			failure->new_connection = true;
-			pfree(pipeline.sent);
 			return false;
 		}
 		reopened |= opened;
-		if (opened)
-			sent_script_count = 0;
-		sent = clock_monotonic_us();
-		request_deadline = deadline != 0 ? deadline :
-			sent + (int64) deadline_command_timeout_ms * 1000;
-		connection_begin();
-		ok = redis_send_calls(&pipeline, ncalls, SEND_FIRST, request_deadline, failure);
+		if (pipeline->first_sent_us == 0)
+			pipeline->first_sent_us = clock_monotonic_us();
+		request_deadline = pipeline->deadline != 0 ? pipeline->deadline :
+			pipeline->first_sent_us + (int64) deadline_command_timeout_ms * 1000;
+		connection_begin(node);
+		ok = redis_send_calls(pipeline, SEND_FIRST, request_deadline, failure);
 		/* A connection that broke before any of the request went out is opened again, once. */
 		if (ok || reopened || failure->maybe_ran || failure->kind != REDIS_FAILURE_IO)
 			break;
 		memset(failure, 0, sizeof(*failure));
 		reopened = true;
 	}
-	if (ok && pipeline.resend > 0)
-		ok = redis_send_calls(&pipeline, ncalls, SEND_AGAIN, request_deadline, failure);
-	if (ok && pipeline.resend > 0)
-		ok = redis_send_calls(&pipeline, ncalls, SEND_EACH_BODY, request_deadline, failure);
-	if (ok)
+	if (ok && pipeline->resend > 0)
+		ok = redis_send_calls(pipeline, SEND_AGAIN, request_deadline, failure);
+	if (ok && pipeline->resend > 0)
+		ok = redis_send_calls(pipeline, SEND_EACH_BODY, request_deadline, failure);
+	if (!ok)
 	{
-		int64		round_trip_us = clock_monotonic_us() - sent;
+		if (opened)
+			failure->new_connection = true;
+		return false;
+	}
+	connection_done(node);
+	return true;
+}
 
-		connection_done();
-		for (int i = 0; i < ncalls; i++)
+/* The failure a node's breaker records: the connection's, else the worst of its calls'. */
+static const RedisFailure *
+node_outcome(const Pipeline *pipeline, const RedisFailure *connection_failure)
+{
+	const RedisFailure *outcome = connection_failure;
+
+	if (connection_failure->kind != REDIS_FAILURE_NONE)
+		return connection_failure;
+	for (int i = 0; i < pipeline->ncalls; i++)
+	{
+		const RedisCall *call = &pipeline->calls[i];
+
+		if (call->node != pipeline->node || call->failure.kind == REDIS_FAILURE_NONE)
+			continue;
+		if (redis_failure_wrong_node(call->failure.kind))
+			return &call->failure;
+		if (outcome->kind == REDIS_FAILURE_NONE)
+			outcome = &call->failure;
+	}
+	return outcome;
+}
+
+/* Takes in the slot map a node sent (map_elsewhere). */
+static void
+map_reply(int index, const RespValue *reply, void *arg)
+{
+	cluster_learn_map(reply, *(int *) arg);
+}
+
+/*
+ * Reads the slot map from a master other than lost that its breaker lets
+ * through: one round trip, one node tried. After a master is lost, this is
+ * how its slots find the replica promoted in its place.
+ */
+static void
+map_elsewhere(const Pipeline *pipeline, int lost)
+{
+	for (int node = 0; node < cluster_node_count(); node++)
+	{
+		const char *argv[2] = {"CLUSTER", "SLOTS"};
+		RedisFailure failure = {0};
+		bool		opened;
+		int64		deadline;
+
+		if (node == lost || cluster_node_slots(node) == 0 ||
+			breaker_is_open(breaker_for(cluster_node_name(node))))
+			continue;
+		deadline = pipeline->deadline != 0 ? pipeline->deadline :
+			clock_monotonic_us() + (int64) deadline_command_timeout_ms * 1000;
+		if (connection_open(node, deadline, &opened, &failure))
 		{
-			calls[i].round_trip_us = round_trip_us;
-			/* A node that cannot serve (a replica now): the next call connects anew. */
-			if (redis_failure_wrong_node(calls[i].failure.kind))
-				connection_discard();
+			connection_begin(node);
+			resp_append_command(connection_output(), 2, argv);
+			if (connection_exchange(node, 1, deadline, map_reply, &node, &failure))
+				connection_done(node);
+		}
+		return;
+	}
+}
+
+/*
+ * Runs the pending calls of node through its breaker: skipped while it is
+ * open, else sent; every call that finishes here is done, and those
+ * redirected elsewhere are left for the next node. While the URL's nodes have
+ * not said whether they are a cluster, one that cannot be reached hands its
+ * calls to the next.
+ */
+static void
+node_run(Pipeline *pipeline, int node)
+{
+	const char *name = cluster_node_name(node);
+	BreakerState *breaker = breaker_for(name);
+	RedisFailure failure = {0};
+	bool	   *in_run = palloc(pipeline->ncalls * sizeof(bool));
+	bool		probing;
+	bool		ok = false;
+	int			next_seed = -1;
+	int64		now;
+
+	pipeline->node = node;
+	for (int i = 0; i < pipeline->ncalls; i++)
+		in_run[i] = call_for(pipeline, i, node);
+	if (breaker_begin(breaker, &probing))
+	{
+		if (probing)
+		{
+			PG_TRY();
+			{
+				ok = node_exchange(pipeline, &failure);
+			}
+			PG_CATCH();
+			{
+				breaker_abandon(breaker);
+				PG_RE_THROW();
+			}
+			PG_END_TRY();
+		}
+		else
+			ok = node_exchange(pipeline, &failure);
+		/* A cluster node is named in the log and rl_health; the URL's one node needs no name. */
+		strlcpy(failure.node, cluster_enabled() ? name : "", sizeof(failure.node));
+		if (!ok && !failure.maybe_ran)
+			next_seed = cluster_seed_after(node);
+		if (next_seed < 0)
+			breaker_end(breaker, node_outcome(pipeline, &failure));
+		else if (probing)
+			breaker_abandon(breaker);
+	}
+	/* A cluster node lost or skipped: its slots may have moved to a replica promoted since. */
+	if (!ok && next_seed < 0 && cluster_enabled())
+	{
+		cluster_map_doubt();
+		if (!failure.maybe_ran && cluster_wants_map())
+			map_elsewhere(pipeline, node);
+	}
+	now = clock_monotonic_us();
+	for (int i = 0; i < pipeline->ncalls; i++)
+	{
+		RedisCall  *call = &pipeline->calls[i];
+
+		if (!in_run[i])
+			continue;
+		if (next_seed >= 0)
+		{
+			call->node = next_seed;
+			continue;
+		}
+		/* Not sent, and its slot has another master now: sent there. */
+		if (!ok && !failure.maybe_ran && cluster_enabled() &&
+			cluster_route(call->keys[0]) != node && call->redirects < REDIS_MAX_REDIRECTS)
+		{
+			call->node = cluster_route(call->keys[0]);
+			call->redirects++;
+			continue;
+		}
+		/* A round trip is what came back: none for a call lost with its connection. */
+		call->round_trip_us = ok && call->first_sent_us != 0 ? now - call->first_sent_us : -1;
+		/* Even an answer can be unusable (a number out of range): the caller may need it. */
+		call->retry_after_ms = breaker_retry_after_ms(breaker);
+		/* Answered, or redirected (sent again, on the node named). */
+		if (call->answered || (ok && !call->done && call->failure.kind == REDIS_FAILURE_NONE))
+			continue;
+		if (!ok)
+			call->failure = failure;	/* skipped (kind NONE), or lost with the connection */
+		call->done = true;		/* also a call that answered NOSCRIPT every round */
+		strlcpy(call->failure.node, cluster_enabled() ? name : "", sizeof(call->failure.node));
+		/* A node that cannot serve (a replica now): the next call connects anew. */
+		if (ok && redis_failure_wrong_node(call->failure.kind))
+		{
+			connection_discard(node);
+			cluster_map_doubt();
 		}
 	}
-	else if (opened)
-		failure->new_connection = true;
+	pfree(in_run);
+}
+
+/*
+ * Runs calls, one pipeline (one write, one round trip) per node, and stores
+ * each one's answer in it, with its round trip. deadline (clock_monotonic_us
+ * time) bounds it all, connect included; 0 means the usual deadlines
+ * (connect_timeout to connect, then command_timeout from the first byte sent).
+ * Returns true when every call was answered; else false, with the failure of
+ * the first that was not (kind NONE: its node's breaker is open, Redis was not
+ * asked): each call has its own, and failure->maybe_ran says whether it may
+ * have run. Never raises an error itself, except for an interrupt served
+ * while waiting.
+ */
+bool
+redis_run_scripts(RedisCall *calls, int ncalls, int64 deadline, RedisFailure *failure)
+{
+	Pipeline	pipeline = {.calls = calls,.ncalls = ncalls,.deadline = deadline};
+
+	Assert(ncalls > 0);
+	memset(failure, 0, sizeof(*failure));
+	cluster_prepare();
+	for (int i = 0; i < ncalls; i++)
+	{
+		RedisCall  *call = &calls[i];
+
+		Assert(call->nresults > 0 && call->nkeys > 0);
+#ifdef USE_ASSERT_CHECKING
+		/* Every key of a call in one slot: no CROSSSLOT, by construction. */
+		for (int k = 1; k < call->nkeys; k++)
+			Assert(cluster_key_slot(call->keys[k], strlen(call->keys[k])) ==
+				   cluster_key_slot(call->keys[0], strlen(call->keys[0])));
+#endif
+		call->answered = call->done = call->asking = false;
+		call->round_trip_us = -1;
+		call->retry_after_ms = 0;
+		call->redirects = 0;
+		call->first_sent_us = 0;
+		call->node = cluster_route(call->keys[0]);
+		memset(&call->failure, 0, sizeof(call->failure));
+	}
+	/* One SLOTS request, ASKING and the call for each: room for every reply. */
+	pipeline.sent = palloc((2 * ncalls + 1) * sizeof(int));
+
+	/* A node at a time; each redirect sends its call once more, so this ends. */
+	for (;;)
+	{
+		int			node = -1;
+
+		for (int i = 0; i < ncalls && node < 0; i++)
+			if (!calls[i].done)
+				node = calls[i].node;
+		if (node < 0)
+			break;
+		node_run(&pipeline, node);
+	}
 	pfree(pipeline.sent);
-	return ok;
+	for (int i = 0; i < ncalls; i++)
+		if (!calls[i].answered)
+		{
+			*failure = calls[i].failure;
+			return false;
+		}
+	return true;
 }

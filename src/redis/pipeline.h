@@ -11,8 +11,9 @@
 
 /*
  * One script call of a pipeline. keys and args are NUL-terminated strings;
- * every key of one call shares a hash tag, so that one node holds them all.
- * The reply must be an array of nresults integers.
+ * every key of one call shares a hash tag, so that one node holds them all
+ * (a Redis Cluster slot: the call goes to the master that owns it). The reply
+ * must be an array of nresults integers.
  */
 typedef struct RedisCall
 {
@@ -25,8 +26,15 @@ typedef struct RedisCall
 	long long  *results;
 	/* Set by redis_run_scripts: */
 	bool		answered;		/* results hold the script's answer */
-	RedisFailure failure;		/* else why not: an error reply, an unexpected reply */
-	int64		round_trip_us;	/* the pipeline's, from the first byte sent; -1 if none */
+	RedisFailure failure;		/* else why not (kind NONE: its node's breaker is open) */
+	int64		round_trip_us;	/* from its first byte sent to its answer; -1 if none */
+	int64		retry_after_ms; /* until its node is tried again, for a fail mode's retry-after */
+	/* The pipeline's own: */
+	int			node;			/* where it goes next (cluster.h) */
+	bool		done;			/* answered, or failed for good */
+	bool		asking;			/* redirected by ASK: ASKING goes before it */
+	int			redirects;
+	int64		first_sent_us;
 } RedisCall;
 
 extern bool redis_run_scripts(RedisCall *calls, int ncalls, int64 deadline,

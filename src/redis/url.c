@@ -1,8 +1,8 @@
 /*
  * url.c
  *	  ratelimit.redis_url: the setting, and parsing it:
- *	    redis://[user[:password]@]host[:port][/db]
- *	    rediss://[user[:password]@]host[:port][/db]                (TLS)
+ *	    redis://[user[:password]@]host[:port][,host[:port]...][/db]
+ *	    rediss://[user[:password]@]host[:port][,host[:port]...][/db] (TLS)
  *	    redis-sentinel://[user[:password]@]host[:port][,host[:port]...]/master[?db=N&sentinel_user=NAME]
  *	    rediss-sentinel://...                                      (TLS to sentinels and nodes)
  *	    unix://[user[:password]@]/path/to/socket[?db=N]
@@ -362,13 +362,34 @@ redis_url_parse(const char *url, RedisUrl *out, const char **problem)
 		return *rest != '?' || parse_sentinel_query(rest + 1, out, problem);
 	}
 
-	if (!parse_host_port(&rest, "/?", REDIS_DEFAULT_PORT, &out->host, &out->port, problem))
-		return false;
+	for (;;)
+	{
+		RedisHostPort *seed;
+
+		if (out->nseeds == REDIS_MAX_SEEDS)
+		{
+			*problem = "A URL names at most 16 cluster nodes.";
+			return false;
+		}
+		seed = &out->seeds[out->nseeds++];
+		if (!parse_host_port(&rest, ",/?", REDIS_DEFAULT_PORT, &seed->host, &seed->port, problem))
+			return false;
+		if (*rest != ',')
+			break;
+		rest++;
+	}
+	out->host = out->seeds[0].host;
+	out->port = out->seeds[0].port;
 	if (*rest == '/' && rest[1] != '\0')
 	{
 		if (!parse_number(rest + 1, strlen(rest + 1), 0, REDIS_MAX_DATABASE, &out->database))
 		{
 			*problem = "The path of a redis:// URL is the database number, as in redis://host:6379/2.";
+			return false;
+		}
+		if (out->nseeds > 1 && out->database != 0)
+		{
+			*problem = "A Redis Cluster has only database 0.";
 			return false;
 		}
 		rest += strlen(rest);
@@ -398,7 +419,7 @@ check_redis_url(char **newval, void **extra, GucSource source)
 			/* Never echo the value: it may hold a password. */
 			GUC_check_errmsg("invalid value for parameter \"ratelimit.redis_url\"");
 			GUC_check_errdetail("%s", problem);
-			GUC_check_errhint("Use redis://[user[:password]@]host[:port][/db] (rediss:// for TLS), redis-sentinel://[user[:password]@]host[:port][,host[:port]...]/master[?db=N] (rediss-sentinel:// for TLS), or unix://[user[:password]@]/path/to/socket[?db=N].");
+			GUC_check_errhint("Use redis://[user[:password]@]host[:port][,host[:port]...][/db] (rediss:// for TLS), redis-sentinel://[user[:password]@]host[:port][,host[:port]...]/master[?db=N] (rediss-sentinel:// for TLS), or unix://[user[:password]@]/path/to/socket[?db=N].");
 			return false;
 		}
 		if (url.password != NULL && !secret_source_allowed("ratelimit.redis_url", source))

@@ -5,8 +5,9 @@
 #ifndef RL_REDIS_URL_H
 #define RL_REDIS_URL_H
 
-/* The most sentinels one URL may name. */
+/* The most sentinels, or cluster nodes to start from, one URL may name. */
 #define REDIS_MAX_SENTINELS 16
+#define REDIS_MAX_SEEDS 16
 
 typedef struct RedisHostPort
 {
@@ -18,8 +19,11 @@ typedef struct RedisUrl
 {
 	bool		is_unix;
 	bool		tls;			/* rediss:// or rediss-sentinel:// */
-	char	   *host;			/* TCP: the node; a Sentinel URL: none (the master is found) */
+	char	   *host;			/* TCP: the (first) node; a Sentinel URL: none (the master is found) */
 	int			port;
+	/* TCP: the nodes named, host and port first; more than one: cluster nodes to start from */
+	int			nseeds;
+	RedisHostPort seeds[REDIS_MAX_SEEDS];
 	char	   *path;			/* unix socket path */
 	char	   *user;			/* NULL: none */
 	char	   *password;		/* NULL: no AUTH */

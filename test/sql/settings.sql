@@ -23,6 +23,9 @@ SET ratelimit.redis_url = 'rediss://app:s3cret@redis.example.com:6380/1';
 SET ratelimit.redis_url = 'redis-sentinel://10.0.0.1:26379,10.0.0.2,[::1]:26380/mymaster';
 SET ratelimit.redis_url = 'redis-sentinel://app:s3cret@sentinel.internal/my.master-1?db=2&sentinel_user=watcher';
 SET ratelimit.redis_url = 'rediss-sentinel://10.0.0.1:26379/mymaster?sentinel_user=watcher&db=0';
+-- Cluster seeds (0.6.0): several nodes, TLS too, database 0 only.
+SET ratelimit.redis_url = 'redis://10.0.0.1:6379,10.0.0.2:6380,[::1]';
+SET ratelimit.redis_url = 'rediss://app:s3cret@node-a.internal,node-b.internal:6380/0';
 SET ratelimit.redis_url = '';
 -- ... and the rejected ones, with a message that says why and never shows the password.
 SET ratelimit.redis_url = 'redis://app:s3cret@127.0.0.1:99999';
@@ -41,6 +44,11 @@ SELECT expect_error($$SET ratelimit.redis_url = 'unix://relative/path.sock'$$);
 SELECT expect_error($$SET ratelimit.redis_url = 'unix:///run/redis.sock?database=1'$$);
 SELECT expect_error($$SET ratelimit.redis_url = 'rediss://'$$);
 SELECT expect_error($$SET ratelimit.redis_url = 'redis-sentinel://10.0.0.1:26379'$$);
+SELECT expect_error($$SET ratelimit.redis_url = 'redis://10.0.0.1,10.0.0.2/1'$$);
+SELECT expect_error($$SET ratelimit.redis_url = 'redis://10.0.0.1,,10.0.0.2'$$);
+SELECT expect_error($$SET ratelimit.redis_url = 'redis://10.0.0.1,10.0.0.2:0'$$);
+-- At most 16 cluster nodes.
+SELECT expect_error('SET ratelimit.redis_url = ' || quote_literal('redis://' || repeat('h,', 16) || 'h'));
 SELECT expect_error($$SET ratelimit.redis_url = 'redis-sentinel://10.0.0.1:26379/'$$);
 SELECT expect_error($$SET ratelimit.redis_url = 'redis-sentinel://10.0.0.1,/mymaster'$$);
 SELECT expect_error($$SET ratelimit.redis_url = 'redis-sentinel://10.0.0.1/my master'$$);
