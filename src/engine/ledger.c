@@ -308,8 +308,8 @@ ledger_settle(List *due, bool exiting)
 		(void) ledger_send(&batch, &failure);
 		for (int i = 0; i < n; i++)
 		{
-			const RedisFailure *why = calls[i].answered ? &calls[i].failure :
-				calls[i].failure.kind != REDIS_FAILURE_NONE ? &calls[i].failure : &failure;
+			/* Each call's own: kind NONE when its node's breaker skipped it. */
+			const RedisFailure *why = &calls[i].failure;
 
 			engine_observe_settle(asked[i]->ops->policy_name(asked[i]), calls[i].answered, why,
 								  calls[i].round_trip_us);

@@ -86,7 +86,7 @@ RL_SQL_FUNCTION(rl_health)
 	/* Before the first call, the URL's own node (its breaker, still closed). */
 	cluster_prepare();
 	(void) breaker_for(cluster_node_name(0));
-	if (rsinfo != NULL && IsA(rsinfo, ReturnSetInfo) && (rsinfo->allowedModes & SFRM_Materialize))
+	if (fcinfo->flinfo->fn_retset)
 	{
 		InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 		for (int i = 0; i < breaker_node_count(); i++)

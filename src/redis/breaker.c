@@ -33,6 +33,7 @@
 
 #include "base/clock.h"
 #include "redis/breaker.h"
+#include "redis/cluster.h"
 #include "redis/deadline.h"
 #include "redis/url.h"
 
@@ -57,7 +58,7 @@ typedef struct BreakerTable
 {
 	slock_t		mutex;			/* taken to add a node */
 	pg_atomic_uint32 in_use;	/* entries whose name is set */
-	char		names[BREAKER_NODES][64];
+	char		names[BREAKER_NODES][REDIS_NODE_NAME];
 	/* A hash of the last ratelimit.redis_url that used each: rl_health shows the current URL's. */
 	uint32		url_hashes[BREAKER_NODES];
 	BreakerState states[BREAKER_NODES];

@@ -7,6 +7,7 @@
 
 #include "datatype/timestamp.h"
 
+#include "redis/cluster.h"
 #include "redis/failure.h"
 
 /* The breaker of one node. */
@@ -15,7 +16,7 @@ typedef struct BreakerState BreakerState;
 /* What rl_health() shows of a breaker. */
 typedef struct BreakerHealth
 {
-	char		node[64];		/* its node, "" for the URL's one node */
+	char		node[REDIS_NODE_NAME];	/* its node, "" for the URL's one node */
 	bool		reachable;		/* the last attempt got an answer */
 	bool		open;			/* decisions skip Redis until the next probe */
 	TimestampTz since;			/* when reachable last changed (0: never tried) */

@@ -16,6 +16,8 @@
  */
 #include "prelude.h"
 
+#include "utils/memutils.h"
+
 #include "base/clock.h"
 #include "redis/cluster.h"
 #include "redis/url.h"
@@ -24,7 +26,7 @@ typedef struct ClusterNode
 {
 	char		host[256];		/* "" for node 0 of a Sentinel or unix URL */
 	int			port;
-	char		name[64];		/* "host:port", as logs and rl_health show it */
+	char		name[REDIS_NODE_NAME];	/* "host:port", as logs and rl_health show it */
 } ClusterNode;
 
 static ClusterNode nodes[REDIS_MAX_NODES];
@@ -38,8 +40,9 @@ static int64 map_read_us = 0;	/* when the map was last read (clock_monotonic_us)
 
 /* While a node is lost, the map is read again at most this often (a failover takes seconds). */
 #define CLUSTER_MAP_RETRY_US (200 * 1000)
-static uint32 prepared_for = 0; /* redis_url_generation() the nodes are for */
-static bool prepared = false;
+static uint32 prepared_for = 0; /* redis_url_generation() the nodes were last checked for */
+static char *prepared_url = NULL;	/* the URL they are for */
+static bool map_refused = false;	/* the cluster refused CLUSTER SLOTS (an ACL): redirects alone */
 static uint32 epoch = 0;		/* changes when the nodes start again */
 
 /* Adds a node by address, or finds it; -1 when the table is full. */
@@ -67,11 +70,18 @@ cluster_prepare(void)
 	RedisUrl	url;
 	const char *problem;
 
-	if (prepared && prepared_for == redis_url_generation())
+	if (prepared_url != NULL && prepared_for == redis_url_generation())
 		return;
-	prepared = true;
 	prepared_for = redis_url_generation();
+	/* A reload assigns the URL again: only another value starts again. */
+	if (prepared_url != NULL && strcmp(prepared_url, redis_url_current()) == 0)
+		return;
+	if (prepared_url != NULL)
+		pfree(prepared_url);
+	prepared_url = MemoryContextStrdup(TopMemoryContext, redis_url_current());
 	epoch++;
+	map_refused = false;
+	map_read_us = 0;
 	node_count = 0;
 	mode_known = true;
 	is_cluster = map_stale = false;
@@ -166,8 +176,31 @@ cluster_seed_after(int node)
 bool
 cluster_wants_map(void)
 {
-	return !mode_known || (is_cluster && map_stale &&
+	return !mode_known || (is_cluster && map_stale && !map_refused &&
 						   clock_monotonic_us() - map_read_us >= CLUSTER_MAP_RETRY_US);
+}
+
+/*
+ * The slot map is being asked for: until its answer, or CLUSTER_MAP_RETRY_US,
+ * it is not asked again (an answer that never comes must not be asked for
+ * with every call).
+ */
+void
+cluster_map_asked(void)
+{
+	map_read_us = clock_monotonic_us();
+}
+
+/*
+ * The map was asked for but its answer could not be read (too large, the
+ * connection closed on it: a proxy that knows no CLUSTER): taken as no cluster,
+ * unless a redirect says otherwise.
+ */
+void
+cluster_map_unreadable(void)
+{
+	if (!is_cluster)
+		mode_known = true;
 }
 
 /*
@@ -186,10 +219,11 @@ cluster_map_doubt(void)
 static int
 map_node(const RespValue *host, const RespValue *port, int from_node)
 {
-	if (host->type != RESP_BULK || host->null || port->type != RESP_INTEGER ||
+	if (host->type != RESP_BULK || port->type != RESP_INTEGER ||
 		port->integer < 1 || port->integer > 65535)
 		return -1;
-	if (host->length == 0 || (host->length == 1 && host->str[0] == '?'))
+	/* NULL, "" or "?": an unknown endpoint, the node that answered (by its port). */
+	if (host->null || host->length == 0 || (host->length == 1 && host->str[0] == '?'))
 		return nodes[from_node].host[0] ? node_find(nodes[from_node].host,
 													strlen(nodes[from_node].host),
 													(int) port->integer) : -1;
@@ -211,8 +245,10 @@ cluster_learn_map(const RespValue *reply, int from_node)
 
 	if (reply->type != RESP_ARRAY || reply->null)
 	{
-		if (!is_cluster)
-			mode_known = true;
+		/* No cluster; or one whose ACL refuses the map: its redirects will do. */
+		if (is_cluster)
+			map_refused = true;
+		mode_known = true;
 		return;
 	}
 	owners = palloc(sizeof(slot_owner));
@@ -261,13 +297,13 @@ malformed:
 }
 
 /*
- * Reads an error reply that redirects a call, "MOVED <slot> <host>:<port>" or
- * "ASK <slot> <host>:<port>": true with the node to send it to, after MOVED
+ * Reads an error reply from from_node that redirects a call, "MOVED <slot>
+ * <host>:<port>" or "ASK <slot> <host>:<port>": true with the node to send it to, after MOVED
  * with the slot moved in the map. False for any other reply, and for a
  * redirect to an address that cannot be used.
  */
 bool
-cluster_redirect(const char *text, int length, bool *ask, int *node)
+cluster_redirect(const char *text, int length, int from_node, bool *ask, int *node)
 {
 	const char *p;
 	const char *end = text + length;
@@ -275,6 +311,9 @@ cluster_redirect(const char *text, int length, bool *ask, int *node)
 	long		slot = 0;
 	long		port = 0;
 
+	/* A Sentinel or unix URL's node is no cluster's: it cannot redirect. */
+	if (seed_count == 0 || nodes[0].host[0] == '\0')
+		return false;
 	if (length > 6 && memcmp(text, "MOVED ", 6) == 0)
 	{
 		*ask = false;
@@ -307,8 +346,9 @@ cluster_redirect(const char *text, int length, bool *ask, int *node)
 	}
 	if (port < 1 || port > 65535)
 		return false;
+	/* ":port": an unknown endpoint, the host of the node that answered. */
 	if (colon == p)
-		*node = nodes[0].host[0] ? node_find(nodes[0].host, strlen(nodes[0].host), (int) port) : -1;
+		*node = node_find(nodes[from_node].host, strlen(nodes[from_node].host), (int) port);
 	else
 		*node = node_find(p, colon - p, (int) port);
 	if (*node < 0)

@@ -67,16 +67,17 @@ typedef struct Pipeline
 	int			node;			/* of the exchange under way */
 	int		   *sent;			/* for each reply: a call's index, SENT_SLOT_MAP or SENT_ASKING */
 	int			resend;			/* calls that answered NOSCRIPT */
+	bool		map_pending;	/* the slot map was asked for, its reply not yet read */
 } Pipeline;
 
 /* Takes a redirect: the call goes to the node named next, or fails when it went too often. */
 static void
-call_redirected(RedisCall *call, const RespValue *reply)
+call_redirected(RedisCall *call, const RespValue *reply, int from_node)
 {
 	bool		ask;
 	int			node;
 
-	if (!cluster_redirect(reply->str, reply->length, &ask, &node))
+	if (!cluster_redirect(reply->str, reply->length, from_node, &ask, &node))
 	{
 		redis_fail(&call->failure, REDIS_FAILURE_REDIRECT, "a node that cannot be used");
 		return;
@@ -113,6 +114,7 @@ call_reply(int index, const RespValue *reply, void *arg)
 
 	if (pipeline->sent[index] == SENT_SLOT_MAP)
 	{
+		pipeline->map_pending = false;
 		cluster_learn_map(reply, pipeline->node);
 		return;
 	}
@@ -126,7 +128,7 @@ call_reply(int index, const RespValue *reply, void *arg)
 	{
 		if (is_redirect(reply))
 		{
-			call_redirected(call, reply);
+			call_redirected(call, reply, pipeline->node);
 			call->done = call->failure.kind != REDIS_FAILURE_NONE;
 			return;
 		}
@@ -213,8 +215,8 @@ typedef enum SendPass
 } SendPass;
 
 /*
- * Sends the node's calls still to be sent and reads their replies (the slot
- * map asked first, when cluster.c wants it). Sent again, the first call of
+ * Sends the node's calls still to be sent and reads their replies (and the
+ * slot map's, when cluster.c wants it). Sent again, the first call of
  * each script carries its body, which loads it, and the others name it by
  * SHA1; should Redis drop the script before those run (Redis 7.4 evicts
  * scripts that EVAL loaded), they go once more, each with its body.
@@ -227,13 +229,6 @@ redis_send_calls(Pipeline *pipeline, SendPass pass, int64 deadline, RedisFailure
 	int			nloaded = 0;
 	int			count = 0;
 
-	if (pass == SEND_FIRST && cluster_wants_map())
-	{
-		const char *argv[2] = {"CLUSTER", "SLOTS"};
-
-		resp_append_command(connection_output(), 2, argv);
-		pipeline->sent[count++] = SENT_SLOT_MAP;
-	}
 	for (int i = 0; i < pipeline->ncalls; i++)
 	{
 		RedisCall  *call = &pipeline->calls[i];
@@ -260,10 +255,30 @@ redis_send_calls(Pipeline *pipeline, SendPass pass, int64 deadline, RedisFailure
 	}
 	if (loaded != NULL)
 		pfree(loaded);
+	/*
+	 * The slot map, when wanted, after the calls: were it unreadable (too
+	 * large, or a proxy that closes on CLUSTER), they have their answers.
+	 */
+	if (pass == SEND_FIRST && cluster_wants_map())
+	{
+		const char *argv[2] = {"CLUSTER", "SLOTS"};
+
+		resp_append_command(connection_output(), 2, argv);
+		pipeline->sent[count++] = SENT_SLOT_MAP;
+		pipeline->map_pending = true;
+		cluster_map_asked();
+	}
 	pipeline->resend = 0;
 	if (count == 0)
 		return true;
-	return connection_exchange(pipeline->node, count, deadline, call_reply, pipeline, failure);
+	if (!connection_exchange(pipeline->node, count, deadline, call_reply, pipeline, failure))
+	{
+		if (pipeline->map_pending)
+			cluster_map_unreadable();
+		pipeline->map_pending = false;
+		return false;
+	}
+	return true;
 }
 
 /*
@@ -291,6 +306,17 @@ node_exchange(Pipeline *pipeline, RedisFailure *failure)
 			pipeline->first_sent_us = clock_monotonic_us();
 		request_deadline = pipeline->deadline != 0 ? pipeline->deadline :
 			pipeline->first_sent_us + (int64) deadline_command_timeout_ms * 1000;
+		/*
+		 * A redirect, or the next node of a batch, with the deadline spent
+		 * (connecting took it): nothing goes out, and this says nothing of the
+		 * node.
+		 */
+		if (clock_monotonic_us() >= request_deadline)
+		{
+			redis_fail(failure, REDIS_FAILURE_TIMEOUT, "no time left for this node");
+			failure->backend_only = true;
+			return false;
+		}
 		connection_begin(node);
 		ok = redis_send_calls(pipeline, SEND_FIRST, request_deadline, failure);
 		/* A connection that broke before any of the request went out is opened again, once. */
@@ -362,6 +388,7 @@ map_elsewhere(const Pipeline *pipeline, int lost)
 			continue;
 		deadline = pipeline->deadline != 0 ? pipeline->deadline :
 			clock_monotonic_us() + (int64) deadline_command_timeout_ms * 1000;
+		cluster_map_asked();
 		if (connection_open(node, deadline, &opened, &failure))
 		{
 			connection_begin(node);
@@ -395,7 +422,9 @@ node_run(Pipeline *pipeline, int node)
 	pipeline->node = node;
 	for (int i = 0; i < pipeline->ncalls; i++)
 		in_run[i] = call_for(pipeline, i, node);
-	if (breaker_begin(breaker, &probing))
+	if (!breaker_begin(breaker, &probing))
+		next_seed = cluster_seed_after(node);	/* a seed known to be down: the next */
+	else
 	{
 		if (probing)
 		{
@@ -414,12 +443,10 @@ node_run(Pipeline *pipeline, int node)
 			ok = node_exchange(pipeline, &failure);
 		/* A cluster node is named in the log and rl_health; the URL's one node needs no name. */
 		strlcpy(failure.node, cluster_enabled() ? name : "", sizeof(failure.node));
+		breaker_end(breaker, node_outcome(pipeline, &failure));
+		/* A seed that cannot be reached before the map is known: the next. */
 		if (!ok && !failure.maybe_ran)
 			next_seed = cluster_seed_after(node);
-		if (next_seed < 0)
-			breaker_end(breaker, node_outcome(pipeline, &failure));
-		else if (probing)
-			breaker_abandon(breaker);
 	}
 	/* A cluster node lost or skipped: its slots may have moved to a replica promoted since. */
 	if (!ok && next_seed < 0 && cluster_enabled())
@@ -441,7 +468,7 @@ node_run(Pipeline *pipeline, int node)
 			continue;
 		}
 		/* Not sent, and its slot has another master now: sent there. */
-		if (!ok && !failure.maybe_ran && cluster_enabled() &&
+		if (!ok && !failure.maybe_ran && !call->done && cluster_enabled() &&
 			cluster_route(call->keys[0]) != node && call->redirects < REDIS_MAX_REDIRECTS)
 		{
 			call->node = cluster_route(call->keys[0]);

@@ -16,7 +16,19 @@
 # applied on every node at every start, the first an administrator: the
 # replicas sync as it, MIGRATE and redis-cli log in as it), args (more
 # redis-server arguments for every node), timeout (seconds to wait for the
-# cluster to form, default 60).
+# cluster to form, default 60), settle_ms (default node_timeout_ms + 500: how
+# long after a slot moved before it moves again or a manual failover starts,
+# see below).
+#
+# Redis 7.0 before 7.2 (redis/redis#12564) mishandles a node's mark that a
+# slot's owner no longer claims it: a slot moved again, or failed over, while
+# a late gossip message from before its move is around can lose its keys or
+# end up unassigned on its new master (cluster_state:fail there for good).
+# So move_slot and failover wait settle_ms after the slot (any slot, for a
+# failover) last moved, and the waits below give a master back, with CLUSTER
+# ADDSLOTS and a diag, slots it lost that every other node says it owns
+# (repaired_slots lists them). A master killed right after a move can still
+# hit it.
 #
 # The nodes are RateLimitTest::Redis objects (port, url, pid, cli(@args),
 # command_calls, stop, kill9, pause, resume, start, restart). A node started
@@ -113,6 +125,7 @@ use warnings;
 
 use IO::Select;
 use IO::Socket::INET;
+use Test::More ();
 use Time::HiRes qw(time usleep);
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
@@ -137,6 +150,7 @@ sub new
 		args => $opt{args} // [],
 		conns => {},
 	}, $class;
+	$self->{settle_ms} = $opt{settle_ms} // $self->{node_timeout_ms} + 500;
 	if ($self->{acl})
 	{
 		my ($user, @rules) = @{ $self->{acl}[0] };
@@ -507,9 +521,62 @@ sub _wait
 	{
 		die "$what: not after " . sprintf('%.1f', time - $start) . " s: $not\n" . $self->_dump
 		  if time > $deadline;
+		$self->_repair_orphaned_slots if time - $start > 1;
 		usleep(20_000);
 	}
 	return time - $start;
+}
+
+# Redis 7.0 (before 7.2's fix, redis/redis#12564) can leave a master without
+# slots that every other node says it owns: a slot that was just moved keeps
+# its "owner no longer claims it" mark when a failover gives it to the
+# replica; then a late claim by the old master takes it, and the old master
+# turning replica leaves it unassigned there, cluster_state:fail for good.
+# Gives such slots back to that master (CLUSTER ADDSLOTS), with a note.
+sub _repair_orphaned_slots
+{
+	my ($self) = @_;
+	local $call_timeout = 2;
+	my @nodes = $self->_running;
+	foreach my $node (@nodes)
+	{
+		eval {
+			my $own = $self->_slot_map_of($node);
+			my @holes = grep { !$own->[$_] } 0 .. $SLOTS - 1;
+			return unless @holes && $self->role($node) eq 'master';
+			my @others = grep { $_ != $node } @nodes;
+			my @maps = grep { $_ } map { my $n = $_; eval { $self->_slot_map_of($n) } } @others;
+			return unless @maps;
+			my $port = $node->port;
+			my @orphans = grep {
+				my $slot = $_;
+				!grep { $_->[$slot] != $port } @maps
+			} @holes;
+			return unless @orphans;
+			Test::More::diag("redis cluster: $port had lost slots @orphans that every other node says "
+				  . "it owns (redis 7.0, redis/redis#12564); given back with CLUSTER ADDSLOTS");
+			$self->call($node, 'CLUSTER', 'ADDSLOTS', @orphans);
+			push @{ $self->{repaired} }, [ $port, @orphans ];
+		};
+	}
+}
+
+# The slots _repair_orphaned_slots gave back so far: [ [port, slots...], ... ].
+sub repaired_slots { return @{ $_[0]->{repaired} // [] } }
+
+# Waits until settle_ms has passed since the given slots (or any slot) last
+# moved: a node may still take a late message from before the move for the
+# truth (see _repair_orphaned_slots) until every node has heard from every
+# other since.
+sub _settle
+{
+	my ($self, @slots) = @_;
+	my $moved = $self->{moved_at} or return;
+	my @times = @slots ? map { $moved->{$_} // 0 } @slots : values %$moved;
+	my $last = 0;
+	$last = $_ > $last ? $_ : $last foreach @times;
+	my $left = $last + $self->{settle_ms} / 1000 - time;
+	usleep($left * 1e6) if $left > 0;
 }
 
 # CLUSTER INFO's state and CLUSTER NODES of every running node, for a failure message.
@@ -553,6 +620,7 @@ sub failover
 	my ($old_port) = grep { $info{$_}{id} eq $master_id } keys %info;
 	die 'failover: ' . $replica->port . ' is not a replica' unless $old_port;
 	my $old = $self->{by_port}{$old_port};
+	$self->_settle;
 	# The master ignores a replica it does not know as its own yet (a replica
 	# of a few milliseconds).
 	if (!$opt{mode})
@@ -623,6 +691,7 @@ sub wait_for_failover_of
 sub migration_begin
 {
 	my ($self, $slot, $to) = @_;
+	$self->_settle($slot);
 	my $from = $self->master_for_slot($slot);
 	die "slot $slot is already on " . $to->port if $from == $to;
 	my $m = { slot => $slot, from => $from, to => $to, moved => 0 };
@@ -666,6 +735,7 @@ sub migration_end
 		$n != $to && $n != $from && (eval { local $call_timeout = 3; $self->role($n) } // '') eq 'master'
 	} $self->_running;
 	$self->call($_, 'CLUSTER', 'SETSLOT', $slot, 'NODE', $to_id) foreach $to, $from, @others;
+	$self->{moved_at}{$slot} = time;
 	$self->_wait_owner([$slot], $to) if $opt{wait} // 1;
 	return $m->{moved};
 }
