@@ -16,25 +16,30 @@
 # applied on every node at every start, the first an administrator: the
 # replicas sync as it, MIGRATE and redis-cli log in as it), args (more
 # redis-server arguments for every node), timeout (seconds to wait for the
-# cluster to form, default 60), settle_ms (default node_timeout_ms + 500: how
-# long after a slot moved before it moves again or a manual failover starts,
-# see below).
+# cluster to form, default 60).
 #
-# Redis 7.0 before 7.2 (redis/redis#12564) mishandles a node's mark that a
-# slot's owner no longer claims it: a slot moved again, or failed over, while
-# a late gossip message from before its move is around can lose its keys or
-# end up unassigned on its new master (cluster_state:fail there for good).
-# So move_slot and failover wait settle_ms after the slot (any slot, for a
-# failover) last moved, and the waits below give a master back, with CLUSTER
-# ADDSLOTS and a diag, slots it lost that every other node says it owns
-# (repaired_slots lists them). A master killed right after a move can still
-# hit it.
+# Redis 7.0 (fixed in 7.2, redis/redis#12564) can lose a slot that was moved
+# once a failover follows: a gossip message from before the move, read after
+# a newer one, leaves the replica's mark "its owner no longer claims it" on
+# the slot (nothing clears it while the owner's slots stay the same); when the
+# replica takes over, the old master's last claim then takes the slot back
+# from it, deleting its keys there, and the old master turning replica leaves
+# the slot unassigned on the new master, cluster_state:fail there for good.
+# Rare (once in 18,000 slot moves followed by a failover, in a loop that did
+# nothing else); the waits below give a master back, with CLUSTER ADDSLOTS and
+# a diag, the slots it lost that every other node says it owns
+# (repaired_slots lists them), but the keys are gone.
 #
 # The nodes are RateLimitTest::Redis objects (port, url, pid, cli(@args),
 # command_calls, stop, kill9, pause, resume, start, restart). A node started
 # again keeps its nodes.conf, so it rejoins the cluster with its node id, but
 # with an empty dataset; a master that comes back after its replica took over
-# becomes the new master's replica.
+# becomes the new master's replica (wait_until_ok waits for that). A node
+# counts as running while it has a process (a paused one too: pass it as
+# except, or use wait_for_failover_of). Until a killed master's replica takes
+# over (about 2-3 s with node_timeout_ms 1000), every node answers CLUSTERDOWN
+# for every slot (cluster-require-full-coverage yes, the default; pass
+# args => ['--cluster-require-full-coverage', 'no'] for the other behaviour).
 #
 # Methods:
 #   masters, replicas   the nodes by their role at creation (a list, or an
@@ -50,19 +55,22 @@
 #                       mod 16384 of the key's bytes, or of the content of its
 #                       first {...} when non-empty); a character string counts
 #                       as its UTF-8 bytes
+#   crc16($bytes)       (a function) CRC16-XMODEM, as Redis's crc16.c
 #   key_for_slot($slot, $prefix)  "$prefix$n" for the smallest n >= 0 in that
 #                       slot (also usable as a hash tag's content)
-#   master_for_slot($slot)  the node that owns a slot now (CLUSTER SLOTS of the
-#                       first live node that answers)
-#   slot_map            [ owner port of slot 0, ..., of slot 16383 ], as
-#                       CLUSTER SLOTS of the first live node that answers says
+#   master_for_slot($slot)  the node that owns a slot now (as the first running
+#                       node that answers says)
+#   slot_map            [ owner port of slot 0, ..., of slot 16383 ], as the
+#                       first running node that answers says
 #   move_slot($slot, $to, %opt)  moves a slot and its keys from its owner to
 #                       master $to the manual way (SETSLOT IMPORTING on $to,
 #                       MIGRATING on the owner, GETKEYSINSLOT and MIGRATE in
 #                       batches, SETSLOT NODE on $to, the owner and the other
 #                       masters) and waits until every live node names $to;
 #                       returns the number of keys moved. Options: batch (keys
-#                       per MIGRATE, default 100), pause_between_keys (seconds:
+#                       per MIGRATE, default 100), replace (MIGRATE ... REPLACE:
+#                       a key the target has already is overwritten, not a
+#                       BUSYKEY error), pause_between_keys (seconds:
 #                       one key per MIGRATE, and this pause after each),
 #                       on_migrating (called as ($slot, $from, $to) once the
 #                       slot is MIGRATING and IMPORTING, before any key moves),
@@ -78,7 +86,7 @@
 #                       the three steps of move_slot, for a test that leaves a
 #                       slot MIGRATING while it does something else:
 #                       migration_keys moves (option count) or all keys (with
-#                       batch, pause_between_keys, on_batch) and returns how
+#                       batch, replace, pause_between_keys, on_batch) and returns how
 #                       many moved; migration_end sets the owner and waits
 #                       (option wait)
 #   errorstat($node, $prefix)  errorstat_PREFIX count of INFO errorstats (MOVED,
@@ -95,7 +103,7 @@
 #                       nested errors as RateLimitTest::Cluster::Error), dies on
 #                       an error reply or after timeout (20 s, or
 #                       local $RateLimitTest::Cluster::call_timeout)
-#   node_id($node), role($node) ("master" or "slave", from ROLE),
+#   node_id($node), role($node) ("master" or "slave", as the node says),
 #   cluster_info($node) (CLUSTER INFO as a hash), node_for_port($port)
 #   failover($replica, %opt)  CLUSTER FAILOVER on $replica (option mode: FORCE or
 #                       TAKEOVER), then waits until it is master, owns its old
@@ -116,7 +124,15 @@
 #                       returns the seconds
 #   check               runs redis-cli --cluster check against the first
 #                       running node: (passed, output)
+#   start_seconds       how long new took
+#   repaired_slots      the slots given back (see above): ([port, slots...], ...)
 #   stop_all            stops every node that runs
+#
+# What the nodes say is read with CLUSTER NODES, CLUSTER INFO and INFO (and
+# AUTH on each connection), never CLUSTER SLOTS, CLUSTER SHARDS or ROLE: their
+# counts in INFO commandstats are the clients' own. Error replies the helper
+# gets are counted in errorstats like anyone's (none, unless a test asks for
+# them with call).
 
 package RateLimitTest::Cluster;
 
@@ -150,7 +166,6 @@ sub new
 		args => $opt{args} // [],
 		conns => {},
 	}, $class;
-	$self->{settle_ms} = $opt{settle_ms} // $self->{node_timeout_ms} + 500;
 	if ($self->{acl})
 	{
 		my ($user, @rules) = @{ $self->{acl}[0] };
@@ -324,25 +339,74 @@ sub key_for_slot
 	}
 }
 
-# [ owner port of each slot ] from node's CLUSTER SLOTS.
+# What node's CLUSTER NODES says: { nodes => { port => { id, flags, role
+# (master/slave), master_id, slots [[first, last], ...] } }, myself => its own
+# port }. (CLUSTER NODES, not CLUSTER SLOTS or SHARDS: their counts in INFO
+# commandstats stay the clients'.)
+sub _view
+{
+	my ($self, $node) = @_;
+	my %view = (nodes => {});
+	foreach my $line (split /\r?\n/, $self->call($node, 'CLUSTER', 'NODES'))
+	{
+		my ($id, $addr, $flags, $master_id, undef, undef, undef, undef, @slots) =
+		  split ' ', $line;
+		my ($port) = ($addr // '') =~ /:(\d+)@/ or next;
+		# Single slots and ranges; not [slot->-id] (migrating) or [slot-<-id] (importing).
+		my @ranges = map { /^(\d+)(?:-(\d+))?$/ ? [ $1, $2 // $1 ] : () } @slots;
+		$view{nodes}{$port} = {
+			id => $id,
+			flags => $flags,
+			role => $flags =~ /\bmaster\b/ ? 'master' : 'slave',
+			master_id => $master_id,
+			slots => \@ranges,
+		};
+		$view{myself} = $port if $flags =~ /\bmyself\b/;
+	}
+	return \%view;
+}
+
+# [ owner port of each slot (0: none) ] in a view.
+sub _map_of_view
+{
+	my ($view) = @_;
+	my @map = (0) x $SLOTS;
+	while (my ($port, $n) = each %{ $view->{nodes} })
+	{
+		@map[ $_->[0] .. $_->[1] ] = ($port) x ($_->[1] - $_->[0] + 1) foreach @{ $n->{slots} };
+	}
+	return \@map;
+}
+
+# The slot layout of a view as a string ("first-last:port ..." in slot order),
+# and how many slots have an owner.
+sub _layout_of_view
+{
+	my ($view) = @_;
+	my @ranges;
+	while (my ($port, $n) = each %{ $view->{nodes} })
+	{
+		push @ranges, [ @$_, $port ] foreach @{ $n->{slots} };
+	}
+	my $count = 0;
+	$count += $_->[1] - $_->[0] + 1 foreach @ranges;
+	return (join(' ', map { "$_->[0]-$_->[1]:$_->[2]" } sort { $a->[0] <=> $b->[0] } @ranges),
+		$count);
+}
+
+# [ owner port of each slot ] as node sees it.
 sub _slot_map_of
 {
 	my ($self, $node) = @_;
-	my @map = (0) x $SLOTS;
-	foreach my $range (@{ $self->call($node, 'CLUSTER', 'SLOTS') })
-	{
-		my ($first, $last, $master) = @$range;
-		@map[ $first .. $last ] = ($master->[1]) x ($last - $first + 1);
-	}
-	return \@map;
+	return _map_of_view($self->_view($node));
 }
 
 # The first running node that answers, and the result of code on it.
 sub _ask_any
 {
-	my ($self, $code) = @_;
+	my ($self, $code, @except) = @_;
 	my @errors;
-	foreach my $node ($self->_running)
+	foreach my $node ($self->_running(@except))
 	{
 		local $call_timeout = 3;
 		my $result = eval { $code->($node) };
@@ -378,7 +442,8 @@ sub node_id
 sub role
 {
 	my ($self, $node) = @_;
-	return $self->call($node, 'ROLE')->[0];
+	my $view = $self->_view($node);
+	return $view->{nodes}{ $view->{myself} // die 'CLUSTER NODES without myself' }{role};
 }
 
 sub cluster_info
@@ -388,26 +453,11 @@ sub cluster_info
 	  $self->call($node, 'CLUSTER', 'INFO');
 }
 
-# port => { id, role (master/slave), master_id, flags, slots [[first, last]] }
-# from node's CLUSTER NODES.
+# port => { id, role, master_id, flags, slots } as node sees them (see _view).
 sub _nodes_info
 {
 	my ($self, $node) = @_;
-	my %info;
-	foreach my $line (split /\n/, $self->call($node, 'CLUSTER', 'NODES'))
-	{
-		my ($id, $addr, $flags, $master_id, undef, undef, undef, undef, @slots) =
-		  split ' ', $line;
-		my ($port) = $addr =~ /:(\d+)@/ or next;
-		$info{$port} = {
-			id => $id,
-			flags => $flags,
-			role => $flags =~ /\bmaster\b/ ? 'master' : 'slave',
-			master_id => $master_id,
-			slots => [ map { /^(\d+)(?:-(\d+))?$/ ? [ $1, $2 // $1 ] : () } @slots ],
-		};
-	}
-	return %info;
+	return %{ $self->_view($node)->{nodes} };
 }
 
 sub _info_field
@@ -464,7 +514,7 @@ sub _not_ok
 	local $call_timeout = 3;
 	my @nodes = $self->_running(@{ $opt{except} // [] });
 	return 'no node runs' unless @nodes;
-	my ($first_map, $first_roles);
+	my ($first_view, $first_layout, $first_roles);
 	foreach my $node (@nodes)
 	{
 		my $port = $node->port;
@@ -472,10 +522,11 @@ sub _not_ok
 			my %info = $self->cluster_info($node);
 			return "$port: cluster_state:" . ($info{cluster_state} // '?')
 			  if ($info{cluster_state} // '') ne 'ok';
-			my $map = $self->_slot_map_of($node);
-			return "$port: slots not all covered" if grep { !$_ } @$map;
+			my $view = $self->_view($node);
+			my ($layout, $covered) = _layout_of_view($view);
+			return "$port: $covered slots covered" if $covered != $SLOTS;
 			# Who is whose replica, among the running nodes.
-			my %nodes = $self->_nodes_info($node);
+			my %nodes = %{ $view->{nodes} };
 			my %port_of = map { $nodes{$_}{id} => $_ } keys %nodes;
 			my $roles = join ' ', map {
 				my $n = $nodes{$_};
@@ -483,11 +534,11 @@ sub _not_ok
 				  : $n->{role} eq 'master' ? "$_:master"
 				  : "$_:replica-of-" . ($port_of{ $n->{master_id} } // '?')
 			} sort map { $_->port } @nodes;
-			if (!$first_map)
+			if (!$first_view)
 			{
-				($first_map, $first_roles) = ($map, $roles);
+				($first_view, $first_layout, $first_roles) = ($view, $layout, $roles);
 			}
-			elsif ("@$map" ne "@$first_map")
+			elsif ($layout ne $first_layout)
 			{
 				return "$port: another slot map than " . $nodes[0]->port;
 			}
@@ -507,8 +558,9 @@ sub _not_ok
 		return "$port: $@" if $@;
 		return $not if defined $not;
 	}
-	my $not = $opt{want} ? $opt{want}->($first_map) : undef;
-	$self->{last_map} = $first_map unless defined $not;
+	my $map = _map_of_view($first_view);
+	my $not = $opt{want} ? $opt{want}->($map) : undef;
+	$self->{last_map} = $map unless defined $not;
 	return $not;
 }
 
@@ -521,23 +573,25 @@ sub _wait
 	{
 		die "$what: not after " . sprintf('%.1f', time - $start) . " s: $not\n" . $self->_dump
 		  if time > $deadline;
-		$self->_repair_orphaned_slots if time - $start > 1;
+		# Not at once: a slot is never without an owner for long otherwise.
+		if (time - $start > 1 && time - ($self->{repair_checked} // 0) > 0.5)
+		{
+			$self->_repair_orphaned_slots(@{ $opt{except} // [] });
+			$self->{repair_checked} = time;
+		}
 		usleep(20_000);
 	}
 	return time - $start;
 }
 
-# Redis 7.0 (before 7.2's fix, redis/redis#12564) can leave a master without
-# slots that every other node says it owns: a slot that was just moved keeps
-# its "owner no longer claims it" mark when a failover gives it to the
-# replica; then a late claim by the old master takes it, and the old master
-# turning replica leaves it unassigned there, cluster_state:fail for good.
-# Gives such slots back to that master (CLUSTER ADDSLOTS), with a note.
+# Gives a running master back (CLUSTER ADDSLOTS, with a diag) the slots it
+# has no owner for that every other running node (but except) says it owns:
+# what redis/redis#12564 leaves after a failover (see the top).
 sub _repair_orphaned_slots
 {
-	my ($self) = @_;
+	my ($self, @except) = @_;
 	local $call_timeout = 2;
-	my @nodes = $self->_running;
+	my @nodes = $self->_running(@except);
 	foreach my $node (@nodes)
 	{
 		eval {
@@ -563,21 +617,6 @@ sub _repair_orphaned_slots
 
 # The slots _repair_orphaned_slots gave back so far: [ [port, slots...], ... ].
 sub repaired_slots { return @{ $_[0]->{repaired} // [] } }
-
-# Waits until settle_ms has passed since the given slots (or any slot) last
-# moved: a node may still take a late message from before the move for the
-# truth (see _repair_orphaned_slots) until every node has heard from every
-# other since.
-sub _settle
-{
-	my ($self, @slots) = @_;
-	my $moved = $self->{moved_at} or return;
-	my @times = @slots ? map { $moved->{$_} // 0 } @slots : values %$moved;
-	my $last = 0;
-	$last = $_ > $last ? $_ : $last foreach @times;
-	my $left = $last + $self->{settle_ms} / 1000 - time;
-	usleep($left * 1e6) if $left > 0;
-}
 
 # CLUSTER INFO's state and CLUSTER NODES of every running node, for a failure message.
 sub _dump
@@ -620,7 +659,6 @@ sub failover
 	my ($old_port) = grep { $info{$_}{id} eq $master_id } keys %info;
 	die 'failover: ' . $replica->port . ' is not a replica' unless $old_port;
 	my $old = $self->{by_port}{$old_port};
-	$self->_settle;
 	# The master ignores a replica it does not know as its own yet (a replica
 	# of a few milliseconds).
 	if (!$opt{mode})
@@ -660,7 +698,7 @@ sub wait_for_failover_of
 	my $start = time;
 	my $port = $master->port;
 	# The slots it owns: as a running node says now, or as they last agreed.
-	my $map = eval { $self->_ask_any(sub { $self->_slot_map_of($_[0]) }) };
+	my $map = eval { $self->_ask_any(sub { $self->_slot_map_of($_[0]) }, $master) };
 	my @owned = $map ? grep { $map->[$_] == $port } 0 .. $SLOTS - 1 : ();
 	@owned = grep { $self->{last_map}[$_] == $port } 0 .. $SLOTS - 1 unless @owned;
 	die "wait_for_failover_of: $port owns no slots" unless @owned;
@@ -690,9 +728,8 @@ sub wait_for_failover_of
 
 sub migration_begin
 {
-	my ($self, $slot, $to) = @_;
-	$self->_settle($slot);
-	my $from = $self->master_for_slot($slot);
+	my ($self, $slot, $to, $from) = @_;
+	$from //= $self->master_for_slot($slot);
 	die "slot $slot is already on " . $to->port if $from == $to;
 	my $m = { slot => $slot, from => $from, to => $to, moved => 0 };
 	$self->call($to, 'CLUSTER', 'SETSLOT', $slot, 'IMPORTING', $self->node_id($from));
@@ -714,7 +751,7 @@ sub migration_keys
 		my $keys = $self->call($m->{from}, 'CLUSTER', 'GETKEYSINSLOT', $m->{slot}, $n);
 		last unless @$keys;
 		my $reply = $self->call($m->{from}, 'MIGRATE', '127.0.0.1', $m->{to}->port, '', 0, 5000,
-			@auth, 'KEYS', @$keys);
+			($opt{replace} ? ('REPLACE') : ()), @auth, 'KEYS', @$keys);
 		die "MIGRATE of slot $m->{slot}: $reply" unless $reply eq 'OK' || $reply eq 'NOKEY';
 		$moved += @$keys;
 		$m->{moved} += @$keys;
@@ -730,12 +767,13 @@ sub migration_end
 	my ($self, $m, %opt) = @_;
 	my ($slot, $from, $to) = @$m{qw(slot from to)};
 	my $to_id = $self->node_id($to);
+	# The other masters, as the target sees them.
+	my %nodes = $self->_nodes_info($to);
 	my @others = grep {
-		my $n = $_;
-		$n != $to && $n != $from && (eval { local $call_timeout = 3; $self->role($n) } // '') eq 'master'
+		my $n = $nodes{ $_->port };
+		$_ != $to && $_ != $from && $n && $n->{role} eq 'master' && $n->{flags} !~ /fail/
 	} $self->_running;
 	$self->call($_, 'CLUSTER', 'SETSLOT', $slot, 'NODE', $to_id) foreach $to, $from, @others;
-	$self->{moved_at}{$slot} = time;
 	$self->_wait_owner([$slot], $to) if $opt{wait} // 1;
 	return $m->{moved};
 }
@@ -759,7 +797,7 @@ sub _wait_owner
 sub move_slot
 {
 	my ($self, $slot, $to, %opt) = @_;
-	my $m = $self->migration_begin($slot, $to);
+	my $m = $self->migration_begin($slot, $to, delete $opt{from});
 	$opt{on_migrating}->($slot, $m->{from}, $to) if $opt{on_migrating};
 	$self->migration_keys($m, %opt);
 	$opt{before_node}->($slot, $m->{from}, $to) if $opt{before_node};
@@ -770,11 +808,13 @@ sub move_slots
 {
 	my ($self, $slots, $to, %opt) = @_;
 	my $moved = 0;
+	my $map = $self->slot_map;
 	foreach my $slot (@$slots)
 	{
 		# A slot on $to already stays.
-		next if $self->master_for_slot($slot) == $to;
-		$moved += $self->move_slot($slot, $to, %opt, wait => 0);
+		next if $map->[$slot] == $to->port;
+		my $from = $self->{by_port}{ $map->[$slot] } or die "no node owns slot $slot";
+		$moved += $self->move_slot($slot, $to, %opt, wait => 0, from => $from);
 	}
 	$self->_wait_owner($slots, $to) if $opt{wait} // 1;
 	return $moved;
