@@ -25,10 +25,10 @@
 # replica takes over, the old master's last claim then takes the slot back
 # from it, deleting its keys there, and the old master turning replica leaves
 # the slot unassigned on the new master, cluster_state:fail there for good.
-# Rare (once in 18,000 slot moves followed by a failover, in a loop that did
-# nothing else); the waits below give a master back, with CLUSTER ADDSLOTS and
-# a diag, the slots it lost that every other node says it owns
-# (repaired_slots lists them), but the keys are gone.
+# Rare (about one manual failover in 50, in a loop that moved 300 slots to
+# the master and back before each); the waits below give a master back, with
+# CLUSTER ADDSLOTS and a diag, the slots it lost that every other node says it
+# owns (repaired_slots lists them), but their keys are gone.
 #
 # The nodes are RateLimitTest::Redis objects (port, url, pid, cli(@args),
 # command_calls, stop, kill9, pause, resume, start, restart). A node started
@@ -66,7 +66,7 @@
 #                       master $to the manual way (SETSLOT IMPORTING on $to,
 #                       MIGRATING on the owner, GETKEYSINSLOT and MIGRATE in
 #                       batches, SETSLOT NODE on $to, the owner and the other
-#                       masters) and waits until every live node names $to;
+#                       masters) and waits until every running node names $to;
 #                       returns the number of keys moved. Options: batch (keys
 #                       per MIGRATE, default 100), replace (MIGRATE ... REPLACE:
 #                       a key the target has already is overwritten, not a
@@ -106,10 +106,13 @@
 #   node_id($node), role($node) ("master" or "slave", as the node says),
 #   cluster_info($node) (CLUSTER INFO as a hash), node_for_port($port)
 #   failover($replica, %opt)  CLUSTER FAILOVER on $replica (option mode: FORCE or
-#                       TAKEOVER), then waits until it is master, owns its old
-#                       master's slots on every live node, its old master (if
-#                       running) is its replica and the cluster is ok
-#                       everywhere (option timeout, 30 s); returns the seconds
+#                       TAKEOVER; without, it first waits until its master knows
+#                       it as its replica and it is in sync, or the master
+#                       ignores the request), then waits until it is master,
+#                       owns its old master's slots on every running node, its
+#                       old master (if running) is its replica and the cluster
+#                       is ok everywhere (option timeout, 30 s); returns the
+#                       seconds
 #   wait_for_failover_of($master, %opt)  after $master was killed (or paused),
 #                       waits until the slots it owned belong to another node,
 #                       that node says it is master, and every other running
