@@ -16,14 +16,17 @@
 #include "scripts.h"
 
 static const LuaScript take_script = LUA_SCRIPT("token_bucket/take", script_token_bucket_take);
+static const LuaScript take_one_script = LUA_SCRIPT("token_bucket/take_one",
+													script_token_bucket_take_one);
 static const LuaScript peek_script = LUA_SCRIPT("token_bucket/peek", script_token_bucket_peek);
 static const LuaScript refund_script = LUA_SCRIPT("token_bucket/refund", script_token_bucket_refund);
 
 /*
- * The script of mode. Each takes KEYS the buckets (take: any number, one hash
- * tag; peek and refund: one, and for a refund an optional mark that makes it
- * happen once), ARGV the clock (empty: Redis TIME) then TOKEN_BUCKET_ARGS
- * numbers per bucket; each answers 4 numbers per bucket (BucketResult).
+ * The script of mode for one bucket. Each takes KEYS the bucket (for a refund
+ * also an optional mark that makes it happen once), ARGV the clock (empty:
+ * Redis TIME) then TOKEN_BUCKET_ARGS numbers; each answers 4 numbers
+ * (BucketResult). A take goes to take_one, the lean path of take: Redis's
+ * own time per decision is what every server sharing it pays.
  */
 const LuaScript *
 token_bucket_script(BucketMode mode)
@@ -37,6 +40,16 @@ token_bucket_script(BucketMode mode)
 		case BUCKET_TAKE:
 			break;
 	}
+	return &take_one_script;
+}
+
+/*
+ * The take script of a group: KEYS any number of buckets of one hash tag,
+ * ARGV the clock then TOKEN_BUCKET_ARGS numbers per bucket, all or none.
+ */
+const LuaScript *
+token_bucket_group_script(void)
+{
 	return &take_script;
 }
 

@@ -55,6 +55,7 @@ typedef struct BucketResult
 #define TOKEN_BUCKET_ARGS 5
 
 extern const LuaScript *token_bucket_script(BucketMode mode);
+extern const LuaScript *token_bucket_group_script(void);
 extern void token_bucket_args(const BucketParams *params, int64 cost, const char **args);
 extern bool bucket_params_init(BucketParams *params, int64 capacity,
 							   int64 refill_amount, int64 refill_period_ms,

@@ -57,7 +57,7 @@ group_redis(Group *group, RedisFailure *failure)
 						  &args[1 + TOKEN_BUCKET_ARGS * n]);
 		n++;
 	}
-	call.script = token_bucket_script(BUCKET_TAKE);
+	call.script = token_bucket_group_script();
 	call.nkeys = n;
 	call.keys = keys;
 	call.nargs = 1 + TOKEN_BUCKET_ARGS * n;

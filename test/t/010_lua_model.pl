@@ -2,7 +2,8 @@
 #
 # Model tests for lua/token_bucket/take.lua (composed with lua/lib.lua and
 # lua/token_bucket/common.lua), run directly in a private redis-server with an injected
-# clock (ARGV[1] = now in ms).
+# clock (ARGV[1] = now in ms). test/t/011_lua_model_one.pl runs them all again against
+# lua/token_bucket/take_one.lua, the lean one-bucket path, which must answer alike.
 #
 # Every call is checked twice: against exact values worked out by hand, and against a
 # pure-Perl reference model of the same math in 64-bit integers (model_step below). The
@@ -32,7 +33,8 @@ use Time::HiRes ();
 
 # The take script as Redis runs it: dev/lua-script puts lua/lib.lua and the algorithm's
 # common.lua before it, as the build does.
-my $SCRIPT_PATH = "$FindBin::Bin/../../lua/token_bucket/take.lua";
+my $SCRIPT_NAME = $ENV{RL_TAKE_SCRIPT} // 'take.lua';
+my $SCRIPT_PATH = "$FindBin::Bin/../../lua/token_bucket/$SCRIPT_NAME";
 my $COMPOSE = "$FindBin::Bin/../../dev/lua-script";
 my $LIMIT = 1 << 53;    # every value of the bucket math stays below this (as in algorithm/token_bucket.h)
 my $T0 = 1_800_000_000_000;    # an injected "now" around 2027, as Redis TIME gives in ms
@@ -452,7 +454,7 @@ my $script = do
 };
 
 $sha = cmd('SCRIPT', 'LOAD', $script);
-is($sha, sha1_hex($script), 'SCRIPT LOAD returns the SHA-1 of lua/token_bucket/take.lua as composed');
+is($sha, sha1_hex($script), "SCRIPT LOAD returns the SHA-1 of lua/token_bucket/$SCRIPT_NAME as composed");
 
 # The policies used below.
 my $per_minute = policy(10, 120, 60_000);    # 120 a minute = 2 a second
