@@ -404,6 +404,24 @@ connection_open(int node, int64 deadline, bool *opened, RedisFailure *failure)
 	return true;
 }
 
+/*
+ * Closes the idle connections opened before the nodes started again (another
+ * URL): their indexes may never be used again, and would keep their sockets.
+ */
+void
+connection_close_stale(void)
+{
+	static uint32 checked_epoch = 0;
+
+	if (checked_epoch == cluster_epoch())
+		return;
+	checked_epoch = cluster_epoch();
+	for (int node = 0; node < REDIS_MAX_NODES; node++)
+		if (connections[node] != NULL && stream_is_open(&connections[node]->stream) &&
+			!connections[node]->busy && connections[node]->epoch != checked_epoch)
+			redis_disconnect(connections[node]);
+}
+
 /* Where the commands of the next exchange are written (resp_append_command). */
 StringInfo
 connection_output(void)

@@ -17,6 +17,7 @@ extern bool connection_exchange(int node, int nreplies, int64 deadline,
 								ExchangeReplyHandler handler, void *arg, RedisFailure *failure);
 extern void connection_done(int node);
 extern void connection_discard(int node);
+extern void connection_close_stale(void);
 extern bool connection_script_sent(int node, const LuaScript *script);
 extern const char *connection_node(int node);
 

@@ -515,6 +515,7 @@ redis_run_scripts(RedisCall *calls, int ncalls, int64 deadline, RedisFailure *fa
 	Assert(ncalls > 0);
 	memset(failure, 0, sizeof(*failure));
 	cluster_prepare();
+	connection_close_stale();
 	for (int i = 0; i < ncalls; i++)
 	{
 		RedisCall  *call = &calls[i];

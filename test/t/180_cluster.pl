@@ -136,6 +136,25 @@ is_deeply(
 is($cluster->total_errorstat('MOVED') <= 1, 1,
 	'at most one MOVED: the first call, sent before the map was known');
 
+# Another URL (the same seeds in another order): the connections to the old nodes close.
+sub sockets_of
+{
+	my ($pid) = @_;
+	opendir my $d, "/proc/$pid/fd" or return -1;
+	return scalar grep { (readlink("/proc/$pid/fd/$_") // '') =~ /^socket:/ } readdir $d;
+}
+my $u = session($node);
+my $upid = $u->pid;
+is_deeply(sources($u, 'cl.spread', \@spread), { redis => 300 }, 'a session that used all three masters');
+my $sockets_before = sockets_of($upid);
+my @reordered = reverse split /,/, ($url =~ s{^redis://[^@]*@}{}r);
+my $seed0_subject = subject_on($map, (split /:/, $reordered[0])[1], 'seed');
+$u->query_ok("SET ratelimit.redis_url = 'redis://ratelimit:$user_pw\@" . join(',', @reordered) . "'");
+is($u->consume('cl.spread', $seed0_subject)->{source}, 'redis', 'another URL: decided by Redis');
+cmp_ok(sockets_of($upid), '<', $sockets_before,
+	'the connections to the nodes of the old URL were closed (' . sockets_of($upid) . " sockets, $sockets_before before)");
+$u->quit;
+
 ###
 ### Every operation stays in one slot.
 ###
