@@ -12,6 +12,20 @@ if #ARGV ~= 6 then
 end
 local floor = math.floor
 local EXACT_MAX = 9007199254740991
+
+-- ceil(a / b) of whole numbers, exactly (a / b can be off by one near an integer).
+local function ceil_div(a, b)
+  local q = floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  if q * b < a then
+    q = q + 1
+  end
+  return q
+end
 local key = KEYS[1]
 local capacity = tonumber(ARGV[2])
 local rate = tonumber(ARGV[3])
@@ -71,34 +85,13 @@ if level >= cost then
   end
   call('SET', key, string.format('%d %d', level, last), 'PX', px)
 else
-  -- ceil((cost - level) / rate), exactly (a / b can be off by one near an integer).
-  local need = cost - level
-  local q = floor(need / rate)
-  if q * rate > need then
-    q = q - 1
-  elseif (q + 1) * rate <= need then
-    q = q + 1
-  end
-  if q * rate < need then
-    q = q + 1
-  end
-  retry = paused + q
+  retry = paused + ceil_div(cost - level, rate)
   if retry > EXACT_MAX then
     retry = EXACT_MAX
   end
 end
 if level < capacity then
-  local need = capacity - level
-  local q = floor(need / rate)
-  if q * rate > need then
-    q = q - 1
-  elseif (q + 1) * rate <= need then
-    q = q + 1
-  end
-  if q * rate < need then
-    q = q + 1
-  end
-  reset = paused + q
+  reset = paused + ceil_div(capacity - level, rate)
   if reset > EXACT_MAX then
     reset = EXACT_MAX
   end

@@ -188,36 +188,30 @@ is_deeply([ grep { !/^(MOVED|NOSCRIPT|NOAUTH)$/ } @errors ], [],
 ### Exact under races, with subjects on all three masters.
 ###
 
-my @race = map { subject_on($map, $_->port, 'race') } @masters;
-append_to_file("$dir/race.sql", join('', map { qq{
-INSERT INTO grants SELECT 'cl.race', '$_' WHERE (rl_consume('cl.race', '$_', 1)).allowed;
-} } @race));
-run_pgbench($node, 'race', "$dir/race.sql", 100, 2);
-is($node->safe_psql('postgres',
+# Races name, with one subject (prefix, a number) on each master: 100 pgbench sessions
+# each run the statement made by $grant (of a subject) for every subject, transactions
+# times, then wait; each grant is a row of grants. Returns the grants per subject, in order.
+sub race
+{
+	my ($name, $prefix, $grant, $transactions, $wait) = @_;
+	my @subjects = map { subject_on($map, $_->port, $prefix) } @masters;
+	append_to_file("$dir/$name.sql",
+		join('', map { "INSERT INTO grants SELECT '$name', '$_' WHERE " . $grant->($_) . ";\n" } @subjects)
+		  . ($wait ? "\\sleep $wait s\n" : ''));
+	run_pgbench($node, $name, "$dir/$name.sql", 100, $transactions);
+	return $node->safe_psql('postgres',
 		"SELECT string_agg(n::text, ',' ORDER BY subject) FROM "
-		  . "(SELECT subject, count(*) AS n FROM grants WHERE policy = 'cl.race' GROUP BY 1) g"),
+		  . "(SELECT subject, count(*) AS n FROM grants WHERE policy = '$name' GROUP BY 1) g");
+}
+
+is(race('race', 'race', sub { "(rl_consume('cl.race', '$_[0]', 1)).allowed" }, 2),
 	'100,100,100', 'exactly 100 grants for each 100-token bucket, on each master, 100 sessions racing');
-
-my @tenants = map { subject_on($map, $_->port, 'grp') } @masters;
-append_to_file("$dir/group.sql", join('', map { qq{
-INSERT INTO grants SELECT 'cl.group', '$_' WHERE (SELECT bool_and(allowed) FROM rl_consume_all(
-  ARRAY['cl.group_a', 'cl.group_b'], ARRAY['$_', '$_/member']));
-} } @tenants));
-run_pgbench($node, 'group', "$dir/group.sql", 100, 2);
-is($node->safe_psql('postgres',
-		"SELECT string_agg(n::text, ',' ORDER BY subject) FROM "
-		  . "(SELECT subject, count(*) AS n FROM grants WHERE policy = 'cl.group' GROUP BY 1) g"),
+is(race('group', 'grp',
+		sub { "(SELECT bool_and(allowed) FROM rl_consume_all(ARRAY['cl.group_a', 'cl.group_b'], "
+			  . "ARRAY['$_[0]', '$_[0]/member']))" }, 2),
 	'100,100,100', 'rl_consume_all: exactly 100 groups granted per tenant, on each master');
-
-my @lessees = map { subject_on($map, $_->port, 'lease') } @masters;
 # Session leases, held until pgbench ends: each client waits before it disconnects.
-append_to_file("$dir/lease.sql", join('', map { qq{
-INSERT INTO grants SELECT 'cl.lease', '$_' WHERE (rl_acquire('cl.lease', '$_', 'session')).allowed;
-} } @lessees) . "\\sleep 3 s\n");
-run_pgbench($node, 'lease', "$dir/lease.sql", 100, 1);
-is($node->safe_psql('postgres',
-		"SELECT string_agg(n::text, ',' ORDER BY subject) FROM "
-		  . "(SELECT subject, count(*) AS n FROM grants WHERE policy = 'cl.lease' GROUP BY 1) g"),
+is(race('lease', 'lease', sub { "(rl_acquire('cl.lease', '$_[0]', 'session')).allowed" }, 1, 3),
 	'10,10,10', 'leases: exactly 10 of capacity 10 per subject, on each master');
 
 ###
