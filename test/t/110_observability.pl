@@ -560,6 +560,9 @@ is(scalar keys %le_sets, 1,
 my ($health) = @{ $results{ratelimit_health} };
 is_deeply([ @{ $health // {} }{qw(redis_reachable breaker_open)} ], [ 1, 0 ],
 	'ratelimit_health: Redis reachable, the breaker closed');
+# One row per node, labelled by it: no two rows share the label (the exporter refuses that).
+my %nodes = map { ($_->{node} => 1) } @{ $results{ratelimit_health} };
+is(scalar keys %nodes, scalar @{ $results{ratelimit_health} }, 'ratelimit_health: one row per node label');
 
 ###
 ### (c) Without shared_preload_libraries: no rl_stats, decisions all the same.
