@@ -272,9 +272,21 @@ my $bench = IPC::Run::start(
 	],
 	'<', \undef, '>', \$out, '2>', \$err, IPC::Run::timeout(120));
 my $bench_started = time;
-usleep(2_000_000);
 $map = $cluster->slot_map;
 my @to_move = grep { $map->[$_] == $masters[2]->port } (11000 .. 11099);
+# A subject in one of the slots that move, drained to 0 before they do.
+my %moving = map { ($_ => 1) } @to_move;
+my $emptied;
+for my $n (0 .. 200_000)
+{
+	next unless $moving{ $cluster->slot_of("{empty$n}") };
+	$emptied = "empty$n";
+	last;
+}
+is($s->query_ok("SELECT count(*) FILTER (WHERE (rl_consume('cl.move', '$emptied')).allowed) "
+		  . "FROM generate_series(1, 12)"),
+	'10', 'a subject in a slot about to move, drained to 0 under load');
+usleep(1_500_000);
 my ($move_took, $moved_keys) =
   timed(sub { $cluster->move_slots(\@to_move, $masters[0], batch => 10) });
 my $move_ended = time - $bench_started;
@@ -284,6 +296,9 @@ like($out, qr/number of failed transactions: 0 /, 'resharding under load: no fai
 cmp_ok($moved_keys, '>', 0,
 	sprintf('%d keys moved in %d slots in %.1f s while pgbench ran', $moved_keys, scalar @to_move, $move_took));
 cmp_ok($move_ended, '<', 12, 'the move ended before pgbench did');
+is($s->consume('cl.move', $emptied)->{allowed}, 'f', 'after the move under load: the drained subject is still at 0');
+is($cluster->master_for_slot($cluster->slot_of("{$emptied}"))->port, $masters[0]->port,
+	'its slot is on the new master now');
 my $stats = $node->safe_psql('postgres',
 	"SELECT decisions, source_redis, redis_errors FROM rl_stats WHERE policy = 'cl.load'");
 my ($decisions, $by_redis, $errors) = split /\|/, $stats;
