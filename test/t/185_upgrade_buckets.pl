@@ -1,0 +1,69 @@
+
+# Upgrading never grants more: buckets that ratelimit 0.3.0's scripts wrote (a hash of
+# level and time) are honoured after ALTER EXTENSION ratelimit UPDATE by every script that
+# reads them — the lean one-bucket take of rl_consume, rl_peek and the group script of
+# rl_consume_all — until they are written again in the string form. An installation made
+# at 0.3.0 keeps its keys (no installation id in them), so the old buckets are found.
+
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+use RateLimitTest;
+
+my $redis = redis_start(name => 'upgrade_buckets');
+my $node = rl_node('upgrade_buckets', redis => $redis, create_extension => 0);
+$node->safe_psql('postgres', q{
+	CREATE EXTENSION ratelimit VERSION '0.3.0';
+	SELECT rl_define('up.one', 10, per => '1 hour');
+	SELECT rl_define('up.two', 10, per => '1 hour');
+});
+
+# The key of policy's bucket for subject, as 0.3.0 and every version since build it.
+sub key_of
+{
+	my ($policy, $subject) = @_;
+	my $version = $node->safe_psql('postgres', "SELECT version FROM rl_policy WHERE name = '$policy'");
+	return "rl:postgres:v$version:{$subject}:$policy";
+}
+
+# 10 per hour: refill 10 / 3,600,000 ms reduces to rate 1 unit per ms, 360,000 units a token.
+my $unit = 360_000;
+my $now_ms = sub { my ($s, $us) = split /\n/, $redis->cli('TIME'); return $s * 1000 + int($us / 1000) }->();
+# Buckets as 0.3.0 left them: up.one at 2 tokens for 'alice', 1 token for tenant 'acme'.
+for ([ key_of('up.one', 'alice'), 2 ], [ key_of('up.one', 'acme'), 1 ])
+{
+	my ($key, $tokens) = @$_;
+	$redis->cli('HSET', $key, 'level', $tokens * $unit, 'time', $now_ms);
+	$redis->cli('PEXPIRE', $key, 3_600_000);
+}
+
+$node->safe_psql('postgres', 'ALTER EXTENSION ratelimit UPDATE');
+is($node->safe_psql('postgres', "SELECT extversion FROM pg_extension WHERE extname = 'ratelimit'"),
+	'0.6.0', 'updated to 0.6.0 with the old buckets live in Redis');
+is(key_installation($node), '', 'an installation made at 0.3.0 keeps no id in its keys');
+
+my $q = sub { $node->safe_psql('postgres', $_[0]) };
+is($q->("SELECT allowed, remaining, source FROM rl_peek('up.one', 'alice', 3)"), 'f|2|redis',
+	'rl_peek reads the 0.3.0 hash: 2 tokens, not a full bucket of 10');
+is($q->("SELECT allowed, remaining, source FROM rl_consume('up.one', 'alice', 3)"), 'f|2|redis',
+	'rl_consume (the lean take) of 3: denied, 2 left, as 0.3.0 left it');
+is($redis->cli('TYPE', key_of('up.one', 'alice')), 'hash', 'a denial writes nothing: still the hash');
+is($q->("SELECT allowed, remaining FROM rl_consume('up.one', 'alice', 2)"), 't|0',
+	'rl_consume of 2: granted, 0 left');
+is($redis->cli('TYPE', key_of('up.one', 'alice')), 'string', 'written again in the string form');
+is($q->("SELECT allowed FROM rl_consume('up.one', 'alice', 1)"), 'f', 'and empty it stays');
+
+is($q->("SELECT string_agg(allowed::text || ':' || remaining, ',') FROM "
+		  . "rl_consume_all(ARRAY['up.one', 'up.two'], ARRAY['acme', 'acme/bob'], ARRAY[2, 1])"),
+	'false:1,false:10', 'rl_consume_all (the group script) reads the hash: 1 token, a cost of 2 denies the group');
+is($q->("SELECT string_agg(allowed::text || ':' || remaining, ',') FROM "
+		  . "rl_consume_all(ARRAY['up.one', 'up.two'], ARRAY['acme', 'acme/bob'])"),
+	'true:0,true:9', 'a cost of 1 each granted (nothing was taken by the denial before)');
+is($redis->cli('TYPE', key_of('up.one', 'acme')), 'string', 'the group wrote it in the string form');
+
+$node->stop;
+done_testing();
