@@ -213,40 +213,37 @@ secret_file_read(SecretFile *file, const char *path, const char *setting)
 }
 
 /*
- * The Redis password in ratelimit.redis_password_file, or NULL when none is
- * set (for a URL that names no password). False, with a short problem, when
- * the file cannot be used.
+ * The password in the file a setting names (path), or NULL when the setting
+ * is empty. False, with a short problem, when the file cannot be used.
  */
-bool
-secret_redis_password(const char **password, const char **problem)
+static bool
+password_from_file(SecretFile *file, const char *path, const char *setting,
+				   const char **password, const char **problem)
 {
 	*password = NULL;
-	if (redis_password_file == NULL || redis_password_file[0] == '\0')
+	if (path == NULL || path[0] == '\0')
 		return true;
-	*problem = secret_file_read(&redis_password, redis_password_file,
-								"ratelimit.redis_password_file");
+	*problem = secret_file_read(file, path, setting);
 	if (*problem != NULL)
 		return false;
-	*password = redis_password.value;
+	*password = file->value;
 	return true;
 }
 
-/*
- * The sentinels' password in ratelimit.sentinel_password_file, or NULL when
- * none is set. False, with a short problem, when the file cannot be used.
- */
+/* The Redis password in ratelimit.redis_password_file (for a URL that names none). */
+bool
+secret_redis_password(const char **password, const char **problem)
+{
+	return password_from_file(&redis_password, redis_password_file,
+							  "ratelimit.redis_password_file", password, problem);
+}
+
+/* The sentinels' password in ratelimit.sentinel_password_file. */
 bool
 secret_sentinel_password(const char **password, const char **problem)
 {
-	*password = NULL;
-	if (sentinel_password_file == NULL || sentinel_password_file[0] == '\0')
-		return true;
-	*problem = secret_file_read(&sentinel_password, sentinel_password_file,
-								"ratelimit.sentinel_password_file");
-	if (*problem != NULL)
-		return false;
-	*password = sentinel_password.value;
-	return true;
+	return password_from_file(&sentinel_password, sentinel_password_file,
+							  "ratelimit.sentinel_password_file", password, problem);
 }
 
 /*

@@ -12,6 +12,9 @@
  */
 #include "prelude.h"
 
+#include "catalog/dependency.h"
+#include "catalog/pg_proc.h"
+#include "catalog/pg_class.h"
 #include "access/heapam.h"
 #include "access/htup_details.h"
 #include "access/table.h"
@@ -294,6 +297,21 @@ policy_cache_load(void)
  * Returns the policy called name, or NULL if there is none. function_oid is
  * the calling SQL function: rl_policy lives in the same schema.
  */
+/*
+ * The relation called name in namespace if it is a member of extension (a
+ * role that may create objects there must not be able to plant a look-alike
+ * where an older installation has none); InvalidOid otherwise.
+ */
+static Oid
+extension_relation(const char *name, Oid namespace, Oid extension)
+{
+	Oid			relid = get_relname_relid(name, namespace);
+
+	if (!OidIsValid(relid) || getExtensionOfObject(RelationRelationId, relid) != extension)
+		return InvalidOid;
+	return relid;
+}
+
 const Policy *
 policy_lookup(Oid function_oid, const char *name)
 {
@@ -309,15 +327,16 @@ policy_lookup(Oid function_oid, const char *name)
 	if (!policy_cache_valid)
 	{
 		Oid			namespace = get_func_namespace(function_oid);
+		Oid			extension = getExtensionOfObject(ProcedureRelationId, function_oid);
 
-		policy_relid = get_relname_relid("rl_policy", namespace);
+		policy_relid = extension_relation("rl_policy", namespace, extension);
 		if (!OidIsValid(policy_relid))
 			ereport(ERROR,
 					(errcode(ERRCODE_UNDEFINED_TABLE),
 					 errmsg("table rl_policy of extension ratelimit does not exist")));
 		/* Version 0.1.0 of the extension has no overrides, versions before 0.4.0 none of these. */
-		override_relid = get_relname_relid("rl_override", namespace);
-		installation_relid = get_relname_relid("rl_installation_seq", namespace);
+		override_relid = extension_relation("rl_override", namespace, extension);
+		installation_relid = extension_relation("rl_installation_seq", namespace, extension);
 		policy_cache_reset = false;
 		policy_cache_load();
 	}

@@ -140,7 +140,8 @@ handshake_reply(int index, const RespValue *reply, void *arg)
 		RespIterator elements;
 		RespValue	role;
 
-		resp_iterate(reply, &elements);
+		if (reply->type == RESP_ARRAY && !reply->null)
+			resp_iterate(reply, &elements);
 		if (reply->type != RESP_ARRAY || reply->null || !resp_next(&elements, &role) ||
 			!resp_is(&role, "master"))
 		{

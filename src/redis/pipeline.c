@@ -388,6 +388,8 @@ map_elsewhere(const Pipeline *pipeline, int lost)
 			continue;
 		deadline = pipeline->deadline != 0 ? pipeline->deadline :
 			clock_monotonic_us() + (int64) deadline_command_timeout_ms * 1000;
+		if (clock_monotonic_us() >= deadline)
+			return;				/* the caller's deadline is spent: no time to ask */
 		cluster_map_asked();
 		if (connection_open(node, deadline, &opened, &failure))
 		{
@@ -449,7 +451,7 @@ node_run(Pipeline *pipeline, int node)
 			next_seed = cluster_seed_after(node);
 	}
 	/* A cluster node lost or skipped: its slots may have moved to a replica promoted since. */
-	if (!ok && next_seed < 0 && cluster_enabled())
+	if (!ok && next_seed < 0 && cluster_enabled() && !failure.backend_only)
 	{
 		cluster_map_doubt();
 		if (!failure.maybe_ran && cluster_wants_map())

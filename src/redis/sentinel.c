@@ -63,7 +63,8 @@ found_master(int index, const RespValue *reply, void *arg)
 		answer->unknown = true;
 		return;
 	}
-	resp_iterate(reply, &elements);
+	if (reply->type == RESP_ARRAY)
+		resp_iterate(reply, &elements);
 	if (reply->type != RESP_ARRAY || reply->length != 2 ||
 		!resp_next(&elements, &host) || !resp_next(&elements, &port) ||
 		host.type != RESP_BULK || port.type != RESP_BULK || host.null || port.null ||

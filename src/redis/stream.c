@@ -53,11 +53,21 @@ stream_idle_and_open(RedisStream *stream)
 uint32
 stream_wait(RedisStream *stream, uint32 events, int64 deadline)
 {
+	uint32		wanted;
+
 	if (!stream->use_tls)
 		return socket_wait(&stream->socket, events, deadline);
-	if ((events & WL_SOCKET_READABLE) && tls_pending(&stream->tls))
+	wanted = tls_wants(&stream->tls);
+	/*
+	 * Bytes OpenSSL holds make the stream readable at once, unless the last
+	 * read said they are not a whole record (it wants the socket): else a
+	 * record cut short would be tried again and again, never waiting, past
+	 * the deadline and any cancel.
+	 */
+	if ((events & WL_SOCKET_READABLE) && wanted == 0 && tls_pending(&stream->tls))
 		return WL_SOCKET_READABLE;
-	return socket_wait(&stream->socket, events | tls_wants(&stream->tls), deadline) != 0 ?
+	/* What OpenSSL waits for is all that lets it go on (a write that wants to read). */
+	return socket_wait(&stream->socket, wanted != 0 ? wanted : events, deadline) != 0 ?
 		events : 0;
 }
 

@@ -8,7 +8,7 @@
  *	    unix://[user[:password]@]/path/to/socket[?db=N]
  *	  user and password (the data nodes') may be percent-encoded; an IPv6 host
  *	  is written [::1]. A Sentinel URL names the sentinels to ask for the
- *	  master (the convention Lettuce uses); their own password is in
+ *	  master; their own password is in
  *	  ratelimit.sentinel_password_file.
  *
  * The value is checked when it is set, not when it is first used, and a URL
@@ -97,7 +97,7 @@ parse_number(const char *text, int length, int min, int max, int *out)
 	return true;
 }
 
-/* Splits "user[:password]" (before an "@") into out->user and out->password. */
+/* Splits "user", "user:password" or ":password" (before an "@") into out->user and out->password. */
 static bool
 parse_userinfo(const char *text, int length, RedisUrl *out)
 {
@@ -105,9 +105,13 @@ parse_userinfo(const char *text, int length, RedisUrl *out)
 
 	if (colon == NULL)
 	{
-		/* Like redis-cli, a lone value is the password (the "default" user). */
-		out->password = percent_decode(text, length);
-		return out->password != NULL && out->password[0] != '\0';
+		/*
+		 * A lone value is the user: its password comes from
+		 * ratelimit.redis_password_file, where other roles cannot read it.
+		 * (A password alone is written ":secret@", the "default" user's.)
+		 */
+		out->user = percent_decode(text, length);
+		return out->user != NULL && out->user[0] != '\0';
 	}
 	if (colon > text)
 	{

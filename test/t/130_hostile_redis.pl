@@ -160,6 +160,17 @@ $h->query_ok("SET ratelimit.command_timeout = '${timeout_ms}ms'");
 	$fake->stop;
 }
 
+# (3a0) A "sentinel" that answers :1 to everything:
+# no array where one is due is refused (class sentinel), never read as one.
+{
+	my $fake = fake_redis_start(reply => ":1\r\n");
+	set_url($h, 'redis-sentinel://127.0.0.1:' . $fake->port . '/mymaster');
+	is_fail_mode($h->consume('h.closed', $subject{hostile}), 'h.closed', '(3a0) a sentinel that answers :1');
+	like(health($h)->{last_error} // '', qr/^sentinel: /, '(3a0) counted as no sentinel naming the master');
+	is($h->query('SELECT 1'), '1', '(3a0) the backend is still usable');
+	$fake->stop;
+}
+
 # (3a') Malformed replies that a scan must refuse rather than a reader trust: a status
 # line holding a LF (which a reader that looked for the LF would take as the end of the
 # line, and read what follows as a header of its own), a NUL in a header, a bulk string
@@ -683,6 +694,24 @@ sub oom_off
 	cmp_ok($again, '<=', 2 + $elapsed / $retry_s,
 		'(11) "Redis answers again" at most 2 + elapsed seconds times');
 	$s->quit;
+}
+
+###
+### The documented set-up: the user in the URL, its password in a file only the server reads.
+###
+
+{
+	my $dir = PostgreSQL::Test::Utils::tempdir();
+	my $file = "$dir/redis.password";
+	PostgreSQL::Test::Utils::append_to_file($file, "$user_pw\n");
+	chmod 0600, $file;
+	$node->append_conf('postgresql.conf', join("\n",
+		"ratelimit.redis_url = 'redis://ratelimit\@127.0.0.1:" . $redis->port . "/$db'",
+		"ratelimit.redis_password_file = '$file'", ''));
+	$node->reload;
+	ok($node->poll_query_until('postgres',
+		q{SELECT source = 'redis' FROM rl_consume('h.closed', 'tenant_userfile')}),
+		'(12) redis://ratelimit@host/db with ratelimit.redis_password_file: AUTH ratelimit <the file>');
 }
 
 ###

@@ -219,6 +219,23 @@ is($t->query_ok('SELECT 1'), '1', 'the backend is still usable');
 $t->quit;
 close $listener;
 
+###
+### A reply cut short mid-record (a TLS record's first 10 bytes, then nothing): the
+### stream waits on the socket for the rest, so the deadline holds.
+###
+
+my $cutter = delay_proxy_start(target_port => $redis->port, delay_ms => 0, cut_after_s => 1);
+$t = tls_session('rediss://127.0.0.1:' . $cutter->port, command_timeout => '300ms');
+is($t->consume('tls.closed', 'tenant_6')->{source}, 'redis', 'through the proxy: decided by Redis');
+usleep(1_200_000);
+$t->start_query(decision_sql('tls.closed', 'tenant_6'));
+($out, $err) = $t->wait_result(10);
+like($out // '', qr/fail_closed/, 'a record cut short: the fail mode, once command_timeout passed')
+  or diag "out: " . ($out // 'none') . " err: " . ($err // '');
+is(health($t)->{last_error}, 'timeout: no answer in time', 'counted as a timeout, not a busy wait');
+$t->quit;
+$cutter->stop;
+
 $expired->stop;
 $mutual->stop;
 $plain->stop;

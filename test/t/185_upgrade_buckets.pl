@@ -41,6 +41,20 @@ for ([ key_of('up.one', 'alice'), 2 ], [ key_of('up.one', 'acme'), 1 ])
 	$redis->cli('PEXPIRE', $key, 3_600_000);
 }
 
+# A role that may create in the extension's schema plants a look-alike of what 0.3.0 lacks:
+# a table called rl_installation_seq, whose "id" would give every subject new, full buckets.
+$node->safe_psql('postgres', q{
+	CREATE ROLE planter LOGIN;
+	GRANT CREATE ON SCHEMA public TO planter;
+	SET ROLE planter;
+	CREATE TABLE rl_installation_seq (last_value bigint);
+	INSERT INTO rl_installation_seq VALUES (123456);
+	RESET ROLE;
+});
+is($node->safe_psql('postgres', "SELECT allowed, remaining FROM rl_peek('up.one', 'alice', 3)"), 'f|2',
+	'a look-alike rl_installation_seq is not the extension\'s: the keys stay, the 0.3.0 bucket is read');
+$node->safe_psql('postgres', 'DROP TABLE rl_installation_seq');
+
 $node->safe_psql('postgres', 'ALTER EXTENSION ratelimit UPDATE');
 is($node->safe_psql('postgres', "SELECT extversion FROM pg_extension WHERE extname = 'ratelimit'"),
 	'0.6.0', 'updated to 0.6.0 with the old buckets live in Redis');

@@ -18,7 +18,9 @@ use RateLimitTest::Children ();
 
 # Starts, in a child process, a TCP proxy on 127.0.0.1 to target_port that holds
 # every byte for delay_ms in each direction, as a Redis that far away would
-# (a round trip of twice delay_ms). Options: target_port, delay_ms, lifetime (s).
+# (a round trip of twice delay_ms). Options: target_port, delay_ms, lifetime (s),
+# cut_after_s: once a connection is that old, the next bytes from the target reach the
+# client only in part (10 bytes: a TLS record cut short) and nothing more follows.
 sub new
 {
 	my ($class, %opt) = @_;
@@ -32,7 +34,10 @@ sub new
 	die "fork failed: $!" unless defined $pid;
 	if ($pid == 0)
 	{
-		eval { _relay($listener, $opt{target_port}, ($opt{delay_ms} // 10) / 1000, $opt{lifetime} // 300) };
+		eval {
+			_relay($listener, $opt{target_port}, ($opt{delay_ms} // 10) / 1000, $opt{lifetime} // 300,
+				$opt{cut_after_s});
+		};
 		POSIX::_exit(0);
 	}
 	close $listener;
@@ -57,12 +62,14 @@ sub stop
 
 sub _relay
 {
-	my ($listener, $target_port, $delay, $lifetime) = @_;
+	my ($listener, $target_port, $delay, $lifetime, $cut_after) = @_;
 	local $SIG{PIPE} = 'IGNORE';
 	my $deadline = time + $lifetime;
 	my $select = IO::Select->new($listener);
 	my %peer;     # socket => the socket its bytes go to
 	my @queue;    # [due time, socket to write to, bytes], in order
+	my %upstream_since;    # upstream socket => when its connection was accepted
+	my %cut;               # upstream sockets whose replies were cut short
 	my $close = sub {
 		my ($socket) = @_;
 		# A copy: deleting from %peer must not free what the loop walks.
@@ -88,6 +95,7 @@ sub _relay
 					PeerPort => $target_port) or do { close $client; next };
 				$peer{$client} = $upstream;
 				$peer{$upstream} = $client;
+				$upstream_since{$upstream} = time;
 				$select->add($client, $upstream);
 				next;
 			}
@@ -98,6 +106,12 @@ sub _relay
 				push @queue, [ time + $delay, $to, undef ] if defined $to;
 				$select->remove($socket);
 				next;
+			}
+			if (defined $cut_after && exists $upstream_since{$socket}
+				&& time - $upstream_since{$socket} >= $cut_after)
+			{
+				next if $cut{$socket}++;
+				$chunk = substr($chunk, 0, 10);
 			}
 			push @queue, [ time + $delay, $to, $chunk ] if defined $to;
 		}
