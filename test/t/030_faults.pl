@@ -288,7 +288,10 @@ my %bad_urls = (
 	'no password' => $auth->url,
 	'wrong password' => $auth->url(userinfo => 'wrong-pw-3'),
 	'wrong password for default' => $auth->url(userinfo => 'default:wrong-pw-3'),
-	'unknown user' => $auth->url(userinfo => "nobody:$password"),);
+	'unknown user' => $auth->url(userinfo => "nobody:$password"),
+	# A lone value is the user (CONTRACT: [user[:password]@]), its password from
+	# ratelimit.redis_password_file: here none, so no AUTH, and NOAUTH.
+	'the password written where the user goes' => $auth->url(userinfo => $password),);
 foreach my $case (sort keys %bad_urls)
 {
 	for my $policy (qw(f_open f_closed))
@@ -301,8 +304,7 @@ foreach my $case (sort keys %bad_urls)
 }
 my %good_urls = (
 	'user default and password' => $auth->url(userinfo => "default:$password"),
-	'password only' => $auth->url(userinfo => $password),
-	'empty user and password' => $auth->url(userinfo => ":$password"),
+	'empty user and password (the password alone)' => $auth->url(userinfo => ":$password"),
 	'ACL user' => $auth->url(userinfo => 'rluser:user-pw-9k'),
 	'unix socket, password' => $auth->unix_url(userinfo => "default:$password"),);
 my $remaining = 1000;
