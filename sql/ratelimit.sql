@@ -55,6 +55,55 @@ RETURN CASE WHEN refill_amount OPERATOR(pg_catalog.>) 0 THEN
     pg_catalog.ceil((capacity::numeric OPERATOR(pg_catalog.*) @extschema@._rl_interval_ms(refill_period))
                     OPERATOR(pg_catalog./) refill_amount) END;
 
+-- True for exactly one month or one year: a fixed window's calendar windows (no other
+-- interval with months has a length in ms).
+CREATE FUNCTION @extschema@._rl_interval_is_calendar_months(period interval) RETURNS boolean
+IMMUTABLE STRICT PARALLEL SAFE LANGUAGE sql
+RETURN ((EXTRACT(year FROM period) OPERATOR(pg_catalog.*) 12) OPERATOR(pg_catalog.+) EXTRACT(month FROM period))
+       OPERATOR(pg_catalog.=) ANY (ARRAY[1, 12]::numeric[])
+   AND EXTRACT(day FROM period) OPERATOR(pg_catalog.=) 0
+   AND EXTRACT(hour FROM period) OPERATOR(pg_catalog.=) 0
+   AND EXTRACT(minute FROM period) OPERATOR(pg_catalog.=) 0
+   AND EXTRACT(second FROM period) OPERATOR(pg_catalog.=) 0;
+
+-- True for a time zone PostgreSQL knows (at most 63 bytes); an unknown one raises 22023.
+CREATE FUNCTION @extschema@._rl_time_zone_is_valid(zone text) RETURNS boolean
+IMMUTABLE STRICT PARALLEL SAFE LANGUAGE sql
+RETURN pg_catalog.octet_length(zone) OPERATOR(pg_catalog.<=) 63
+   AND (TIMESTAMPTZ '2000-01-01 00:00+00' AT TIME ZONE zone) IS NOT NULL;
+
+-- The bounds of the algorithms other than the token bucket's, which keep their scripts
+-- exact (src/algorithm/limit.c, gcra.h, sliding_log.h check the same): GCRA's rate
+-- refill_amount / g at most 512 and its tolerance below 2^52; a sliding window's
+-- capacity * window below 2^51; a sliding log's capacity at most 10,000 (one member per
+-- token); a window of at most 2^52 ms.
+CREATE FUNCTION @extschema@._rl_window_is_exact(algorithm text, capacity bigint, refill_amount bigint,
+                                                refill_period interval)
+RETURNS boolean IMMUTABLE PARALLEL SAFE LANGUAGE sql
+RETURN CASE algorithm
+    WHEN 'gcra' THEN
+        refill_amount IS NULL OR refill_period IS NULL
+        OR @extschema@._rl_interval_ms(refill_period) OPERATOR(pg_catalog.<) 1
+        OR (refill_amount OPERATOR(pg_catalog./)
+            pg_catalog.gcd(refill_amount::numeric, @extschema@._rl_interval_ms(refill_period)))
+           OPERATOR(pg_catalog.<=) 512
+           AND (capacity::numeric OPERATOR(pg_catalog.*)
+                (@extschema@._rl_interval_ms(refill_period) OPERATOR(pg_catalog./)
+                 pg_catalog.gcd(refill_amount::numeric, @extschema@._rl_interval_ms(refill_period))))
+               OPERATOR(pg_catalog.<) (2::numeric OPERATOR(pg_catalog.^) 52)
+    WHEN 'sliding_window' THEN
+        refill_period IS NULL
+        OR capacity::numeric OPERATOR(pg_catalog.*) @extschema@._rl_interval_ms(refill_period)
+           OPERATOR(pg_catalog.<) (2::numeric OPERATOR(pg_catalog.^) 51)
+    WHEN 'sliding_log' THEN
+        capacity OPERATOR(pg_catalog.<=) 10000
+        AND (refill_period IS NULL OR @extschema@._rl_interval_ms(refill_period)
+             OPERATOR(pg_catalog.<=) 4503599627370496::numeric)
+    WHEN 'fixed_window' THEN
+        refill_period IS NULL OR @extschema@._rl_interval_is_calendar_months(refill_period)
+        OR @extschema@._rl_interval_ms(refill_period) OPERATOR(pg_catalog.<=) 4503599627370496::numeric
+    ELSE true END;
+
 --
 -- Policies: one row per limit.
 --
@@ -86,14 +135,17 @@ CREATE TABLE @extschema@.rl_policy (
                   CONSTRAINT rl_policy_name_check CHECK (name OPERATOR(pg_catalog.~) '^[a-z0-9_.-]{1,63}$'),
     algorithm     text NOT NULL DEFAULT 'token_bucket'
                   CONSTRAINT rl_policy_algorithm_check
-                  CHECK (algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'concurrency'])),
+                  CHECK (algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra', 'fixed_window',
+                                                                     'sliding_window', 'sliding_log',
+                                                                     'concurrency'])),
     capacity      bigint NOT NULL
                   CONSTRAINT rl_policy_capacity_check CHECK (capacity OPERATOR(pg_catalog.>) 0),
     refill_amount bigint
                   CONSTRAINT rl_policy_refill_amount_check CHECK (refill_amount OPERATOR(pg_catalog.>) 0),
     refill_period interval
                   CONSTRAINT rl_policy_refill_period_check
-                  CHECK (@extschema@._rl_interval_is_whole_ms(refill_period)),
+                  CHECK (@extschema@._rl_interval_is_whole_ms(refill_period)
+                         OR @extschema@._rl_interval_is_calendar_months(refill_period)),
     idle_ttl      interval,
     fail_mode     text NOT NULL DEFAULT 'closed'
                   CONSTRAINT rl_policy_fail_mode_check
@@ -106,9 +158,12 @@ CREATE TABLE @extschema@.rl_policy (
                   CHECK (local_share OPERATOR(pg_catalog.>=) 0.000001 AND local_share OPERATOR(pg_catalog.<=) 1),
     version       integer NOT NULL DEFAULT 0,
     CONSTRAINT rl_policy_algorithm_fields_check
-        CHECK (CASE algorithm
-                   WHEN 'token_bucket' THEN refill_amount IS NOT NULL AND refill_period IS NOT NULL
-                   ELSE refill_amount IS NULL AND refill_period IS NULL AND idle_ttl IS NOT NULL
+        CHECK (CASE
+                   WHEN algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra'])
+                       THEN refill_amount IS NOT NULL AND refill_period IS NOT NULL
+                   WHEN algorithm OPERATOR(pg_catalog.=) 'concurrency'
+                       THEN refill_amount IS NULL AND refill_period IS NULL AND idle_ttl IS NOT NULL
+                   ELSE refill_amount IS NULL AND refill_period IS NOT NULL AND idle_ttl IS NULL
                END),
     CONSTRAINT rl_policy_idle_ttl_check
         CHECK (idle_ttl IS NULL
@@ -120,7 +175,17 @@ CREATE TABLE @extschema@.rl_policy (
         CHECK (capacity OPERATOR(pg_catalog.<) 9007199254740992::bigint),
     CONSTRAINT rl_policy_idle_ttl_bound_check
         CHECK (idle_ttl IS NULL OR @extschema@._rl_interval_ms(idle_ttl)
-               OPERATOR(pg_catalog.<=) 4503599627370496::numeric)
+               OPERATOR(pg_catalog.<=) 4503599627370496::numeric),
+    time_zone     text NOT NULL DEFAULT 'UTC'
+                  CONSTRAINT rl_policy_time_zone_check
+                  CHECK (@extschema@._rl_time_zone_is_valid(time_zone)),
+    CONSTRAINT rl_policy_months_check
+        CHECK (algorithm OPERATOR(pg_catalog.=) 'fixed_window'
+               OR NOT @extschema@._rl_interval_is_calendar_months(refill_period)),
+    CONSTRAINT rl_policy_time_zone_algorithm_check
+        CHECK (algorithm OPERATOR(pg_catalog.=) 'fixed_window' OR time_zone OPERATOR(pg_catalog.=) 'UTC'),
+    CONSTRAINT rl_policy_window_bound_check
+        CHECK (@extschema@._rl_window_is_exact(algorithm, capacity, refill_amount, refill_period))
 );
 REVOKE ALL ON @extschema@.rl_policy FROM PUBLIC;
 COMMENT ON TABLE @extschema@.rl_policy IS 'rate limit policies: one row per limit';
@@ -325,7 +390,7 @@ REVOKE ALL ON FUNCTION @extschema@._rl_policy_record() FROM PUBLIC;
 --
 
 -- Sets a policy's version: a new one on insert (see _rl_inserted_version for a row that
--- brings one) and whenever algorithm, capacity or refill change; otherwise the old one,
+-- brings one) and whenever algorithm, capacity, refill or time zone change; otherwise the old one,
 -- whatever the statement said. Refuses an algorithm change that its 'limit' overrides
 -- could not follow; warns when a 'local' policy has no local bucket to fall back on.
 -- SECURITY DEFINER so that policy administrators need no right on the sequence.
@@ -344,8 +409,8 @@ BEGIN
     END IF;
     IF TG_OP = 'INSERT' THEN
         NEW.version := @extschema@._rl_inserted_version('policy', NEW.name, NULL, to_jsonb(NEW));
-    ELSIF (NEW.algorithm, NEW.capacity, NEW.refill_amount, NEW.refill_period)
-          IS DISTINCT FROM (OLD.algorithm, OLD.capacity, OLD.refill_amount, OLD.refill_period) THEN
+    ELSIF (NEW.algorithm, NEW.capacity, NEW.refill_amount, NEW.refill_period, NEW.time_zone)
+          IS DISTINCT FROM (OLD.algorithm, OLD.capacity, OLD.refill_amount, OLD.refill_period, OLD.time_zone) THEN
         IF NEW.algorithm <> OLD.algorithm AND EXISTS (
             SELECT FROM @extschema@.rl_override o WHERE o.policy = OLD.name AND o.action = 'limit') THEN
             RAISE EXCEPTION 'policy "%" has limit overrides that only fit algorithm "%"', OLD.name, OLD.algorithm
@@ -376,14 +441,27 @@ BEGIN
     SELECT p.algorithm INTO algorithm FROM @extschema@.rl_policy p WHERE p.name = NEW.policy FOR SHARE;
     -- (An unknown policy is left to the foreign key, which says so.)
     -- (A limit without a capacity is left to rl_override_action_fields_check.)
-    IF NEW.action = 'limit' AND algorithm = 'token_bucket' AND NEW.capacity IS NOT NULL
+    IF NEW.action = 'limit' AND algorithm IN ('token_bucket', 'gcra') AND NEW.capacity IS NOT NULL
        AND NEW.refill_amount IS NULL THEN
-        RAISE EXCEPTION 'a limit override of token-bucket policy "%" needs capacity, refill_amount and refill_period', NEW.policy
+        RAISE EXCEPTION 'a limit override of % policy "%" needs capacity, refill_amount and refill_period', algorithm, NEW.policy
             USING ERRCODE = 'check_violation', CONSTRAINT = 'rl_override_algorithm_check';
     END IF;
-    IF NEW.action = 'limit' AND algorithm = 'concurrency' AND NEW.refill_amount IS NOT NULL THEN
-        RAISE EXCEPTION 'concurrency policy "%" has no refill: a limit override sets only its capacity', NEW.policy
+    IF NEW.action = 'limit' AND algorithm = 'gcra'
+       AND NOT @extschema@._rl_window_is_exact('gcra', NEW.capacity, NEW.refill_amount, NEW.refill_period) THEN
+        RAISE EXCEPTION 'a limit override of gcra policy "%" is outside what gcra holds exactly', NEW.policy
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'rl_override_algorithm_check',
+                  DETAIL = 'With g = gcd(refill_amount, refill_period in ms), refill_amount / g must be at most 512 and capacity * period_ms / g below 2^52.';
+    END IF;
+    IF NEW.action = 'limit' AND algorithm NOT IN ('token_bucket', 'gcra') AND NEW.refill_amount IS NOT NULL THEN
+        RAISE EXCEPTION '% policy "%" has no refill: a limit override sets only its capacity', algorithm, NEW.policy
             USING ERRCODE = 'check_violation', CONSTRAINT = 'rl_override_algorithm_check';
+    END IF;
+    IF NEW.action = 'limit' AND NOT @extschema@._rl_window_is_exact(algorithm, NEW.capacity, NULL,
+            (SELECT p.refill_period FROM @extschema@.rl_policy p WHERE p.name = NEW.policy))
+       AND algorithm IN ('sliding_window', 'sliding_log') THEN
+        RAISE EXCEPTION 'a limit override of % policy "%" is outside its bounds', algorithm, NEW.policy
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'rl_override_algorithm_check',
+                  DETAIL = 'A sliding log holds at most 10,000 tokens; a sliding window''s capacity * window_ms stays below 2^51.';
     END IF;
     IF TG_OP = 'INSERT' THEN
         NEW.version := @extschema@._rl_inserted_version('override', NEW.policy, NEW.subject, to_jsonb(NEW));
@@ -438,31 +516,45 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.rl_policy_history_id_seq
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.rl_override', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.rl_installation_seq', '');
 
--- Defines or changes a token-bucket policy in words close to the requirement:
+-- Defines or changes a policy in words close to the requirement:
 --   SELECT rl_define('api.write', 120, per => '1 minute', burst => 200, fail_mode => 'closed');
--- amount tokens per `per`, bursts of `burst` (default: amount). On a change, arguments left
--- NULL keep their value. The table's constraints check it like any INSERT or UPDATE, and the
--- caller needs the same rights on rl_policy.
+--   SELECT rl_define('reports.export', 1000, per => '1 month', algorithm => 'fixed_window',
+--                    time_zone => 'Europe/Berlin');
+-- amount tokens per `per`: refilled continuously for 'token_bucket' (the default) and
+-- 'gcra', with bursts of `burst` (default: amount); at most amount in each window of `per`
+-- for 'fixed_window', 'sliding_window' and 'sliding_log' (no burst). On a change, arguments
+-- left NULL keep their value. The table's constraints check it like any INSERT or UPDATE,
+-- and the caller needs the same rights on rl_policy.
 CREATE FUNCTION @extschema@.rl_define(name text, amount bigint, per interval,
                                       burst bigint DEFAULT NULL, fail_mode text DEFAULT NULL,
                                       idle_ttl interval DEFAULT NULL,
-                                      local_share numeric DEFAULT NULL)
+                                      local_share numeric DEFAULT NULL,
+                                      algorithm text DEFAULT 'token_bucket',
+                                      time_zone text DEFAULT NULL)
 RETURNS @extschema@.rl_policy
 LANGUAGE sql
 BEGIN ATOMIC
     INSERT INTO @extschema@.rl_policy AS p
-        (name, algorithm, capacity, refill_amount, refill_period, idle_ttl, fail_mode, local_share)
-    VALUES (rl_define.name, 'token_bucket', coalesce(rl_define.burst, rl_define.amount),
-            rl_define.amount, rl_define.per, rl_define.idle_ttl,
-            coalesce(rl_define.fail_mode, 'closed'), coalesce(rl_define.local_share, 1))
+        (name, algorithm, capacity, refill_amount, refill_period, idle_ttl, fail_mode, local_share,
+         time_zone)
+    VALUES (rl_define.name, rl_define.algorithm, coalesce(rl_define.burst, rl_define.amount),
+            CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra'])
+                 THEN rl_define.amount END,
+            rl_define.per, rl_define.idle_ttl,
+            coalesce(rl_define.fail_mode, 'closed'), coalesce(rl_define.local_share, 1),
+            coalesce(rl_define.time_zone, 'UTC'))
     ON CONFLICT (name) DO UPDATE
-    SET algorithm = 'token_bucket',
+    SET algorithm = rl_define.algorithm,
         capacity = coalesce(rl_define.burst, rl_define.amount),
-        refill_amount = rl_define.amount,
+        refill_amount = CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra'])
+                             THEN rl_define.amount END,
         refill_period = rl_define.per,
-        idle_ttl = coalesce(rl_define.idle_ttl, p.idle_ttl),
+        idle_ttl = CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) p.algorithm
+                        THEN coalesce(rl_define.idle_ttl, p.idle_ttl) ELSE rl_define.idle_ttl END,
         fail_mode = coalesce(rl_define.fail_mode, p.fail_mode),
-        local_share = coalesce(rl_define.local_share, p.local_share)
+        local_share = coalesce(rl_define.local_share, p.local_share),
+        time_zone = coalesce(rl_define.time_zone, CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) 'fixed_window'
+                                                      THEN p.time_zone ELSE 'UTC' END)
     RETURNING *;
 END;
 

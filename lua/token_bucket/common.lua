@@ -1,4 +1,5 @@
--- token_bucket/common.lua: what take, peek and refund share (after lib.lua).
+-- token_bucket/common.lua: the token bucket as peek, refund and the group script use it
+-- (after lib.lua; take_one.lua, rl_consume's take, inlines it).
 --
 -- Refill pro rata since the last write, on Redis's clock. Levels are integers in
 -- "units": one token is `unit` units and one millisecond adds `rate` units, so refill
@@ -14,51 +15,6 @@
 -- Each bucket takes 5 arguments: capacity in units, rate (units per ms), unit (units per
 -- token), cost in tokens, TTL in ms. Replies are {allowed (0|1), remaining tokens,
 -- retry_after_ms, reset_after_ms} per bucket.
-
--- Largest integer a double holds exactly; sums that could pass it saturate there.
-local EXACT_MAX = 9007199254740991
-
--- True for a whole number in [0, EXACT_MAX] (false for nan, inf, 1.5, 1e20 ...).
-local function is_exact(x)
-  return x ~= nil and x >= 0 and x <= EXACT_MAX and x == math.floor(x)
-end
-
--- a + b, saturating at EXACT_MAX (only absurd pauses of centuries reach it).
-local function add(a, b)
-  local sum = a + b
-  if sum > EXACT_MAX then
-    return EXACT_MAX
-  end
-  return sum
-end
-
--- Division of doubles can be off by one near an integer: correct it exactly.
-local function floor_div(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
-local function ceil_div(a, b)
-  local q = floor_div(a, b)
-  if q * b < a then
-    q = q + 1
-  end
-  return q
-end
-
--- The clock the buckets see, checked: a whole number of ms.
-local function bucket_clock(arg)
-  local now = now_ms(arg)
-  if not is_exact(now) then
-    error({err = 'ERR ratelimit clock is not a whole number of ms'})
-  end
-  return now
-end
 
 -- Whether a bucket is stored, and its level and time (nil when unreadable).
 local function read_state(key)
@@ -122,82 +78,50 @@ local function load_bucket(key, first, now)
   return b
 end
 
--- The buckets KEYS[1..#KEYS], their arguments after ARGV[1] (the clock). A bucket
--- named twice shares one state (`same`), so its costs add up.
-local function load_buckets(now)
-  local buckets = {}
-  local shared = {}
-  for i = 1, #KEYS do
-    local b = load_bucket(KEYS[i], 2 + 5 * (i - 1), now)
-    if shared[b.key] then
-      b.level = nil
-      b.same = shared[b.key]
-    else
-      shared[b.key] = b
-    end
-    buckets[i] = b
-  end
-  return buckets
-end
-
-local function state_of(b)
-  return b.same or b
-end
-
--- Decides every bucket, charging earlier ones first; true when all hold their cost.
--- A denial takes nothing: its wait counts from what is left after the checks before it.
-local function decide(buckets)
-  local all = true
-  for i = 1, #buckets do
-    local b = buckets[i]
-    local s = state_of(b)
-    if s.level >= b.cost then
-      b.granted = true
-      s.level = s.level - b.cost
-    else
-      b.granted = false
-      b.retry = add(s.paused, ceil_div(b.cost - s.level, b.rate))
-      all = false
-    end
-  end
-  return all
-end
-
--- Gives back what decide charged: nothing is taken.
-local function put_back(buckets)
-  for i = 1, #buckets do
-    local b = buckets[i]
-    if b.granted then
-      local s = state_of(b)
-      s.level = s.level + b.cost
-    end
-  end
-end
-
 -- Writes a bucket's state and its TTL in one command.
 local function write_state(b)
   call('SET', b.key, string.format('%d %d', b.level, b.last), 'PX', add(b.ttl, b.paused))
 end
 
--- The reply of buckets: allowed says which were granted.
-local function reply_of(buckets, allowed)
-  local reply = {}
-  for i = 1, #buckets do
-    local b = buckets[i]
-    local s = state_of(b)
-    local retry_after = 0
-    local reset_after = 0
-    if allowed[i] == 0 and b.granted == false then
-      retry_after = b.retry
-    end
-    if s.level < s.capacity then
-      reset_after = add(s.paused, ceil_div(s.capacity - s.level, s.rate))
-    end
-    reply[4 * i - 3] = allowed[i]
-    reply[4 * i - 2] = floor_div(s.level, s.unit)
-    reply[4 * i - 1] = retry_after
-    reply[4 * i] = reset_after
-  end
-  return reply
+-- The token bucket as a cell of group.lua (the same interface in every algorithm's
+-- common.lua): load a check's state, try its cost, undo a try, give back, write, answer.
+local TOKEN_BUCKET = {nkeys = 1, nargs = 5, clock = true}
+
+function TOKEN_BUCKET.load(k, a, now)
+  return load_bucket(KEYS[k], a, now)
 end
 
+function TOKEN_BUCKET.try(s, e)
+  if s.level >= e.cost then
+    s.level = s.level - e.cost
+    return true
+  end
+  e.retry = add(s.paused, ceil_div(e.cost - s.level, s.rate))
+  return false
+end
+
+function TOKEN_BUCKET.undo(s, e)
+  s.level = s.level + e.cost
+end
+
+function TOKEN_BUCKET.refund(s, e)
+  s.level = math.min(s.capacity, s.level + e.cost)
+end
+
+function TOKEN_BUCKET.may(s)
+  may_write('SET', s.key, '0 0', 'PX', 1)
+end
+
+TOKEN_BUCKET.write = write_state
+
+function TOKEN_BUCKET.answer(s)
+  local reset = 0
+  if s.level < s.capacity then
+    reset = add(s.paused, ceil_div(s.capacity - s.level, s.rate))
+  end
+  return floor_div(s.level, s.unit), reset
+end
+
+function TOKEN_BUCKET.ttl(s)
+  return add(s.ttl, s.paused)
+end

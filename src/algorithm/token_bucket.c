@@ -15,42 +15,50 @@
 #include "algorithm/token_bucket.h"
 #include "scripts.h"
 
-static const LuaScript take_script = LUA_SCRIPT("token_bucket/take", script_token_bucket_take);
 static const LuaScript take_one_script = LUA_SCRIPT("token_bucket/take_one",
 													script_token_bucket_take_one);
 static const LuaScript peek_script = LUA_SCRIPT("token_bucket/peek", script_token_bucket_peek);
 static const LuaScript refund_script = LUA_SCRIPT("token_bucket/refund", script_token_bucket_refund);
 
 /*
- * The script of mode for one bucket. Each takes KEYS the bucket (for a refund
- * also an optional mark that makes it happen once), ARGV the clock (empty:
- * Redis TIME) then TOKEN_BUCKET_ARGS numbers; each answers 4 numbers
- * (BucketResult). A take goes to take_one, the lean path of take: Redis's
- * own time per decision is what every server sharing it pays.
+ * A call of mode's script on one bucket: KEYS the bucket (for a refund also
+ * an optional mark that makes it happen once), ARGV (after the clock)
+ * TOKEN_BUCKET_ARGS numbers; each answers 4 numbers (BucketResult). A take
+ * goes to take_one, the lean path: Redis's own time per decision is what
+ * every server sharing it pays.
  */
-const LuaScript *
-token_bucket_script(BucketMode mode)
+static void
+token_bucket_call(const BucketParams *params, BucketMode mode, const char *key, int64 cost,
+				  int64 at_ms, const char *refund_mark, LimitCall *call)
 {
-	switch (mode)
-	{
-		case BUCKET_PEEK:
-			return &peek_script;
-		case BUCKET_REFUND:
-			return &refund_script;
-		case BUCKET_TAKE:
-			break;
-	}
-	return &take_one_script;
+	call->script = mode == BUCKET_PEEK ? &peek_script :
+		mode == BUCKET_REFUND ? &refund_script : &take_one_script;
+	call->keys[0] = key;
+	call->nkeys = 1;
+	if (refund_mark != NULL)
+		call->keys[call->nkeys++] = refund_mark;
+	call->nargs = TOKEN_BUCKET_ARGS;
+	token_bucket_args(params, cost, call->args);
 }
 
-/*
- * The take script of a group: KEYS any number of buckets of one hash tag,
- * ARGV the clock then TOKEN_BUCKET_ARGS numbers per bucket, all or none.
- */
-const LuaScript *
-token_bucket_group_script(void)
+/* One bucket of a group: its key and TOKEN_BUCKET_ARGS numbers. */
+static void
+token_bucket_group_part(const BucketParams *params, const char *key, int64 cost, int64 at_ms,
+						LimitCall *part)
 {
-	return &take_script;
+	part->keys[0] = key;
+	part->nkeys = 1;
+	part->nargs = TOKEN_BUCKET_ARGS;
+	token_bucket_args(params, cost, part->args);
+}
+
+/* A bucket is one key. */
+static int
+token_bucket_reset_keys(const BucketParams *params, const char *key, int64 at_ms,
+						const char **keys)
+{
+	keys[0] = key;
+	return 1;
 }
 
 /*
@@ -98,6 +106,7 @@ bucket_params_init(BucketParams *params, int64 capacity, int64 refill_amount,
 		idle_ttl_ms > BUCKET_MAX_TTL_MS)
 		return false;
 	g = gcd64(refill_amount, refill_period_ms);
+	params->algorithm = ALGORITHM_TOKEN_BUCKET;
 	params->capacity = capacity;
 	params->unit = refill_period_ms / g;
 	params->rate = refill_amount / g;
@@ -143,7 +152,7 @@ add_saturating(int64 a, int64 b)
 }
 
 /* A new bucket: full, as a missing Redis key is. */
-void
+static void
 bucket_state_full(const BucketParams *params, BucketState *state, int64 now_ms)
 {
 	state->level = params->capacity_units;
@@ -164,6 +173,8 @@ bucket_apply(const BucketParams *params, BucketState *state, int64 now_ms,
 	int64		level = Min(state->level, capacity);
 	int64		last = state->last_ms;
 	int64		paused = 0;
+
+	Assert(params->algorithm == ALGORITHM_TOKEN_BUCKET);
 
 	/* A clock that steps back adds nothing and does not move `last` back. */
 	if (now_ms > last)
@@ -198,10 +209,30 @@ bucket_apply(const BucketParams *params, BucketState *state, int64 now_ms,
 }
 
 /* True when the bucket has refilled completely by now_ms: forgetting it loses nothing. */
-bool
+static bool
 bucket_is_full(const BucketParams *params, const BucketState *state, int64 now_ms)
 {
 	return now_ms >= state->last_ms &&
 		now_ms - state->last_ms >= ceil_div(params->capacity_units - Min(state->level, params->capacity_units),
 											params->rate);
 }
+
+/* A bucket holding tokens (at most its capacity) at now_ms. */
+static void
+bucket_state_holding(const BucketParams *params, BucketState *state, int64 now_ms, int64 tokens)
+{
+	state->level = Min(tokens, params->capacity) * params->unit;
+	state->last_ms = Max(state->last_ms, now_ms);
+}
+
+const LimitOps token_bucket_ops = {
+	.tag = 1,
+	.call = token_bucket_call,
+	.group_part = token_bucket_group_part,
+	.reset_keys = token_bucket_reset_keys,
+	.state_new = bucket_state_full,
+	.apply = bucket_apply,
+	.is_idle = bucket_is_full,
+	.state_holding = bucket_state_holding,
+	.full_ms = bucket_refill_ms,
+};

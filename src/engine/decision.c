@@ -1,6 +1,6 @@
 /*
  * decision.c
- *	  One rate limit decision: a checked request runs its token-bucket script
+ *	  One rate limit decision: a checked request runs its algorithm's script
  *	  in Redis, or falls back to the policy's fail mode when Redis cannot
  *	  answer; fixed answers (a disabled policy, an 'allow' or 'deny' override)
  *	  and shadow mode on top.
@@ -51,9 +51,13 @@ void
 decision_local(const DecisionRequest *request, BucketMode mode, Decision *decision)
 {
 	BucketResult result;
+	const BucketParams *params = &request->policy.local_bucket;
+	/* A window's refund goes to its take's window; a bucket refills until now. */
+	int64		now_ms = mode == BUCKET_REFUND && !limit_refills(params->algorithm) ?
+		request_at_ms(request) : clock_now_ms();
 
-	local_apply(&request->policy.local_bucket, local_key(request), clock_now_ms(),
-				Min(request->cost, request->policy.local_bucket.capacity), mode, &result);
+	local_apply(params, local_key(request), now_ms, Min(request->cost, params->capacity), mode,
+				&result);
 	decision->allowed = result.allowed;
 	decision->remaining = result.remaining;
 	decision->retry_after_ms = result.retry_after_ms;
@@ -107,30 +111,38 @@ decision_key(const DecisionRequest *request)
 }
 
 /*
- * Fills call with the token-bucket script of request's mode: its key, a
- * refund's mark, the clock and the bucket's numbers (6 arguments: a Redis
- * that wants a password we were not given answers NOAUTH only to at most 10,
- * and NOAUTH is what says why), and room for the reply, all allocated in the
- * current memory context.
+ * Fills call with the script of request's algorithm and mode: its keys (a
+ * refund's mark after them), the clock and the algorithm's numbers, and room
+ * for the reply, all allocated in the current memory context. (At most 10
+ * arguments: a Redis that wants a password we were not given answers NOAUTH
+ * only to at most 10, and NOAUTH is what says why.)
  */
 void
 decision_redis_call(const DecisionRequest *request, RedisCall *call)
 {
-	const char **keys = palloc(2 * sizeof(char *));
-	const char **args = palloc((1 + TOKEN_BUCKET_ARGS) * sizeof(char *));
+	const BucketParams *params = &request->policy.bucket;
+	const char *key = decision_key(request);
+	const char *mark = NULL;
+	LimitCall	part = {0};
+	const char **keys;
+	const char **args;
 
-	keys[0] = decision_key(request);
 	/* A refund with an id is done once: its mark shares the bucket's hash tag. */
 	if (request->refund_id != NULL)
-		keys[1] = psprintf("%s:refund:%s", keys[0], request->refund_id);
+		mark = psprintf("%s:refund:%s", key, request->refund_id);
+	limit_ops(params)->call(params, request->mode, key, request->cost, request_at_ms(request),
+							mark, &part);
+	keys = palloc(part.nkeys * sizeof(char *));
+	args = palloc((1 + part.nargs) * sizeof(char *));
+	memcpy(keys, part.keys, part.nkeys * sizeof(char *));
 	args[0] = clock_test_ms();
-	token_bucket_args(&request->policy.bucket, request->cost, &args[1]);
+	memcpy(&args[1], part.args, part.nargs * sizeof(char *));
 
 	memset(call, 0, sizeof(*call));
-	call->script = token_bucket_script(request->mode);
-	call->nkeys = request->refund_id != NULL ? 2 : 1;
+	call->script = part.script;
+	call->nkeys = part.nkeys;
 	call->keys = keys;
-	call->nargs = 1 + TOKEN_BUCKET_ARGS;
+	call->nargs = 1 + part.nargs;
 	call->args = args;
 	call->nresults = 4;
 	call->results = palloc(4 * sizeof(long long));
@@ -216,14 +228,15 @@ decision_run(const DecisionRequest *request, Decision *decision)
 bool
 decision_reset(const DecisionRequest *request)
 {
-	const char **keys = palloc(sizeof(char *));
+	const BucketParams *params = &request->policy.bucket;
+	const char **keys = palloc(LIMIT_MAX_KEYS * sizeof(char *));
 	RedisAsk	ask = {0};
 	RedisFailure failure;
 	bool		answered;
 
-	keys[0] = decision_key(request);
 	ask.call.script = &reset_script;
-	ask.call.nkeys = 1;
+	ask.call.nkeys = limit_ops(params)->reset_keys(params, decision_key(request),
+												   request_at_ms(request), keys);
 	ask.call.keys = keys;
 	ask.call.nresults = 1;
 	ask.call.results = palloc(sizeof(long long));

@@ -34,33 +34,40 @@ typedef struct Group
 } Group;
 
 /*
- * Runs every check that needs a bucket in one call of the take script (KEYS:
- * the buckets; ARGV: the clock, then each bucket's numbers); true with their
- * decisions filled when Redis answered.
+ * Runs every check that needs a bucket in one call of the group script (KEYS:
+ * each check's keys; ARGV: the clock, then each check's algorithm tag and
+ * numbers); true with their decisions filled when Redis answered.
  */
 static bool
 group_redis(Group *group, RedisFailure *failure)
 {
 	bool		answered;
-	const char **keys = palloc(group->asked * sizeof(char *));
-	const char **args = palloc((1 + TOKEN_BUCKET_ARGS * group->asked) * sizeof(char *));
+	const char **keys = palloc(LIMIT_MAX_KEYS * group->asked * sizeof(char *));
+	const char **args = palloc((1 + (1 + LIMIT_MAX_ARGS) * group->asked) * sizeof(char *));
 	RedisCall	call = {0};
 	int			n = 0;
 
-	args[0] = clock_test_ms();
+	args[call.nargs++] = clock_test_ms();
 	for (int i = 0; i < group->count; i++)
 	{
+		const DecisionRequest *request = &group->requests[i];
+		const BucketParams *params = &request->policy.bucket;
+		const LimitOps *ops = limit_ops(params);
+		LimitCall	part = {0};
+
 		if (group->fixed[i])
 			continue;
-		keys[n] = decision_key(&group->requests[i]);
-		token_bucket_args(&group->requests[i].policy.bucket, group->requests[i].cost,
-						  &args[1 + TOKEN_BUCKET_ARGS * n]);
+		ops->group_part(params, decision_key(request), request->cost, request_at_ms(request),
+						&part);
+		memcpy(&keys[call.nkeys], part.keys, part.nkeys * sizeof(char *));
+		call.nkeys += part.nkeys;
+		args[call.nargs++] = psprintf("%d", ops->tag);
+		memcpy(&args[call.nargs], part.args, part.nargs * sizeof(char *));
+		call.nargs += part.nargs;
 		n++;
 	}
-	call.script = token_bucket_group_script();
-	call.nkeys = n;
+	call.script = limit_group_script();
 	call.keys = keys;
-	call.nargs = 1 + TOKEN_BUCKET_ARGS * n;
 	call.args = args;
 	call.nresults = 4 * n;
 	call.results = palloc(4 * n * sizeof(long long));

@@ -6,10 +6,11 @@
  * The contract's errors for bad input come from here, before anything is
  * asked of Redis: an unknown policy (42704), an empty or oversized subject or
  * a cost outside 1 .. capacity (22023), a policy outside the supported bounds
- * (23514), a token-bucket call on a concurrency policy (42809).
+ * (23514), a call that has no meaning for the policy's algorithm (42809).
  */
 #include "prelude.h"
 
+#include "base/clock.h"
 #include "policy/cache.h"
 #include "policy/subject.h"
 #include "engine/request.h"
@@ -58,7 +59,7 @@ request_cost(DecisionRequest *request, BucketMode mode, int64 cost)
 	const Policy *policy = &request->policy;
 	const char *amount_name = mode == BUCKET_REFUND ? "amount" : "cost";
 
-	if (policy->algorithm != ALGORITHM_TOKEN_BUCKET && mode != BUCKET_PEEK)
+	if (policy->algorithm == ALGORITHM_CONCURRENCY && mode != BUCKET_PEEK)
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_WRONG_OBJECT_TYPE),
@@ -83,3 +84,13 @@ request_cost(DecisionRequest *request, BucketMode mode, int64 cost)
 	request->cost = cost;
 }
 
+
+/*
+ * The time request is decided at: the one fixed in advance (a reservation's
+ * refund goes to its take's window), else now.
+ */
+int64
+request_at_ms(const DecisionRequest *request)
+{
+	return request->at_ms != 0 ? request->at_ms : clock_now_ms();
+}

@@ -6,7 +6,6 @@
 #ifndef RL_REQUEST_H
 #define RL_REQUEST_H
 
-#include "algorithm/token_bucket.h"
 #include "policy/policy.h"
 
 typedef struct DecisionRequest
@@ -18,10 +17,12 @@ typedef struct DecisionRequest
 	BucketMode	mode;
 	const char *refund_id;		/* refunds: done once per id, when set */
 	const char *key;			/* the Redis key, when fixed in advance; else built */
+	int64		at_ms;			/* the time a window algorithm's window is chosen by; 0: now */
 } DecisionRequest;
 
 extern const Policy *request_check(Oid function_oid, const char *name, const char *subject,
 								   int length, DecisionRequest *request);
 extern void request_cost(DecisionRequest *request, BucketMode mode, int64 cost);
+extern int64 request_at_ms(const DecisionRequest *request);
 
 #endif							/* RL_REQUEST_H */

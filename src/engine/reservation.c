@@ -97,7 +97,8 @@ reservation_remember(const DecisionRequest *request, DecisionSource source)
 	if (last != NULL && last->entry.ops == &reservation_ops && last->source == source &&
 		last->entry.subxact == GetCurrentSubTransactionId() &&
 		strcmp(last->entry.redis_url, redis_url_current()) == 0 &&
-		strcmp(last->request.key, request->key) == 0)
+		strcmp(last->request.key, request->key) == 0 &&
+		(limit_refills(request->policy.algorithm) || last->request.at_ms == request->at_ms))
 	{
 		last->request.cost = Min(last->request.cost + request->cost,
 								 request->policy.bucket.capacity);
@@ -128,6 +129,8 @@ reservation_take(const DecisionRequest *request, Decision *decision)
 	initStringInfo(&key);
 	subject_build_key(&key, &take.policy, take.subject, take.length);
 	take.key = key.data;
+	/* A window algorithm's refund goes back to this window, whenever it comes. */
+	take.at_ms = clock_now_ms();
 	decision_run(&take, decision);
 	if (decision->allowed &&
 		(decision->source == DECISION_SOURCE_REDIS || decision->source == DECISION_SOURCE_LOCAL))

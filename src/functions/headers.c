@@ -60,9 +60,11 @@ append_sf_string(StringInfo buf, const char *name)
 }
 
 /*
- * Adds the policy's field: its quota, and for a token bucket the time an empty
- * bucket takes to refill completely, in whole seconds rounded up (the window
- * in which a client may spend the quota again). limits is NULL when the limits
+ * Adds the policy's field: its quota, and the window in which a client may
+ * spend the quota again, in whole seconds rounded up: for a token bucket or
+ * GCRA the time an empty bucket takes to refill completely, for a fixed
+ * window the window now counting (a calendar month: this month), for a
+ * sliding window two windows, for a sliding log one. limits is NULL when the limits
  * the decision was made under are no longer known: then no window is given.
  */
 static void
@@ -84,7 +86,7 @@ add_policy_field(HeaderSet *set, const Decision *decision, const Policy *limits,
 		appendStringInfoString(&value, ";qu=\"concurrent-requests\"");
 	else if (limits != NULL)
 		appendStringInfo(&value, ";w=" INT64_FORMAT,
-						 decision_seconds_up(bucket_refill_ms(&limits->bucket)));
+						 decision_seconds_up(limit_ops(&limits->bucket)->full_ms(&limits->bucket)));
 	header_add(set, "RateLimit-Policy", value.data);
 }
 

@@ -4,7 +4,7 @@
  *
  * While Redis cannot answer, a 'local' policy decides from a bucket that every
  * backend of this server shares, with the same arithmetic as the Redis script
- * (bucket.c). The table has a fixed number of slots (ratelimit.local_buckets),
+ * (each algorithm's C model, algorithm/). The table has a fixed number of slots (ratelimit.local_buckets),
  * split into partitions, each with its own lock. A subject's slot is found by
  * probing a few places from its hash. When they are all taken, a slot whose
  * bucket has refilled completely is reused: forgetting a full bucket loses
@@ -31,9 +31,12 @@
 typedef struct LocalSlot
 {
 	uint64		key;
+	Algorithm	algorithm;
+	WindowCalendar calendar;
+	int64		capacity;
 	int64		unit;
 	int64		rate;
-	int64		capacity_units;
+	int64		window_ms;
 	BucketState state;
 } LocalSlot;
 
@@ -113,31 +116,46 @@ local_available(void)
 static bool
 slot_matches(const LocalSlot *slot, const BucketParams *params)
 {
-	return slot->unit == params->unit && slot->rate == params->rate &&
-		slot->capacity_units == params->capacity_units;
+	return slot->algorithm == params->algorithm && slot->capacity == params->capacity &&
+		slot->unit == params->unit && slot->rate == params->rate &&
+		slot->window_ms == params->window_ms && slot->calendar == params->calendar;
 }
 
-/* The parameters a slot's bucket was made with: params, in the slot's own units. */
+/* The parameters a slot's bucket was made with: params, in the slot's own terms. */
 static BucketParams
 slot_params(const LocalSlot *slot, const BucketParams *params)
 {
 	BucketParams own = *params;
 
+	own.algorithm = slot->algorithm;
+	own.calendar = slot->calendar;
+	own.capacity = slot->capacity;
 	own.unit = slot->unit;
 	own.rate = slot->rate;
-	own.capacity_units = slot->capacity_units;
+	own.capacity_units = slot->capacity * slot->unit;
+	own.window_ms = slot->window_ms;
 	return own;
 }
 
-/* Puts a new, full bucket for key into slot. */
+/* Makes slot's parameters params'. */
+static void
+slot_set_params(LocalSlot *slot, const BucketParams *params)
+{
+	slot->algorithm = params->algorithm;
+	slot->calendar = params->calendar;
+	slot->capacity = params->capacity;
+	slot->unit = params->unit;
+	slot->rate = params->rate;
+	slot->window_ms = params->window_ms;
+}
+
+/* Puts a new bucket for key into slot (full, as a missing Redis key is). */
 static void
 slot_claim(LocalSlot *slot, uint64 key, const BucketParams *params, int64 now_ms)
 {
 	slot->key = key;
-	slot->unit = params->unit;
-	slot->rate = params->rate;
-	slot->capacity_units = params->capacity_units;
-	bucket_state_full(params, &slot->state, now_ms);
+	slot_set_params(slot, params);
+	limit_ops(params)->state_new(params, &slot->state, now_ms);
 }
 
 /*
@@ -151,12 +169,11 @@ slot_convert(LocalSlot *slot, const BucketParams *params, int64 now_ms)
 	BucketParams old = slot_params(slot, params);
 	BucketResult held;
 
-	bucket_apply(&old, &slot->state, now_ms, 0, BUCKET_PEEK, &held);
-	slot->unit = params->unit;
-	slot->rate = params->rate;
-	slot->capacity_units = params->capacity_units;
-	slot->state.level = Min(held.remaining, params->capacity) * params->unit;
-	slot->state.last_ms = Max(slot->state.last_ms, now_ms);
+	limit_ops(&old)->apply(&old, &slot->state, now_ms, 0, BUCKET_PEEK, &held);
+	if (old.algorithm != params->algorithm)
+		limit_ops(params)->state_new(params, &slot->state, now_ms);
+	slot_set_params(slot, params);
+	limit_ops(params)->state_holding(params, &slot->state, now_ms, held.remaining);
 }
 
 /*
@@ -195,7 +212,7 @@ local_apply(const BucketParams *params, uint64 key, int64 now_ms, int64 cost,
 		{
 			/* A bucket is judged by the parameters it was made with. */
 			own = slot_params(slot, params);
-			if (bucket_is_full(&own, &slot->state, now_ms))
+			if (limit_ops(&own)->is_idle(&own, &slot->state, now_ms))
 				reusable = slot;
 			else
 			{
@@ -203,7 +220,7 @@ local_apply(const BucketParams *params, uint64 key, int64 now_ms, int64 cost,
 				BucketState copy = slot->state;
 
 				/* How long until this one is full: a cost-free look at it. */
-				bucket_apply(&own, &copy, now_ms, 0, BUCKET_PEEK, &probe);
+				limit_ops(&own)->apply(&own, &copy, now_ms, 0, BUCKET_PEEK, &probe);
 				soonest_full = Min(soonest_full, probe.reset_after_ms);
 			}
 		}
@@ -224,7 +241,7 @@ local_apply(const BucketParams *params, uint64 key, int64 now_ms, int64 cost,
 	}
 
 	if (chosen != NULL)
-		bucket_apply(params, &chosen->state, now_ms, cost, mode, result);
+		limit_ops(params)->apply(params, &chosen->state, now_ms, cost, mode, result);
 	LWLockRelease(&locks[partition].lock);
 
 	if (chosen == NULL)

@@ -1,11 +1,11 @@
 /*
  * buckets.h
- *	  Emergency token buckets in shared memory, for fail_mode 'local'.
+ *	  Emergency buckets (of every algorithm but the log) in shared memory, for fail_mode 'local'.
  */
 #ifndef RL_LOCAL_BUCKETS_H
 #define RL_LOCAL_BUCKETS_H
 
-#include "algorithm/token_bucket.h"
+#include "algorithm/limit.h"
 
 extern void local_init(bool preloaded);
 extern Size local_shmem_size(void);

@@ -67,21 +67,67 @@ policy_column(Relation rel, const char *column)
 }
 
 /*
- * Sets policy's local fallback bucket for a bucket of capacity, refilling
- * refill_amount per period_ms: local_share of the capacity (at least one
- * token), refilling local_share as fast by a period stretched and rounded up,
- * so that rounding never gives more than the share.
+ * Sets policy's local fallback bucket for limits of capacity (refilling
+ * refill_amount per period_ms, or per window): local_share of the capacity
+ * (at least one token), a refill local_share as fast by a period stretched
+ * and rounded up, so that rounding never gives more than the share. A sliding
+ * log's fallback is a fixed window of its length with half that share
+ * (sliding_log.c says why), none when that is not one token.
  */
-void
+static void
 policy_local_bucket(Policy *policy, int64 capacity, int64 refill_amount, int64 period_ms)
 {
 	double		share = policy->local_share;
+	int64		local_capacity = Max((int64) floor(capacity * share), 1);
+	Algorithm	algorithm = policy->algorithm;
+	Interval	stretched = {0};
 
-	policy->local_usable = share >= 0.000001 && share <= 1 &&
-		period_ms / share < (double) BUCKET_EXACT_LIMIT &&
-		bucket_params_init(&policy->local_bucket,
-						   Max((int64) floor(capacity * share), 1), refill_amount,
-						   (int64) ceil(period_ms / share), 0);
+	policy->local_usable = false;
+	if (!(share >= 0.000001 && share <= 1))
+		return;
+	if (limit_refills(algorithm))
+	{
+		if (!(period_ms / share < (double) BUCKET_EXACT_LIMIT))
+			return;
+		stretched.time = (int64) ceil(period_ms / share) * 1000;
+		policy->local_usable = limit_params_init(&policy->local_bucket, algorithm, local_capacity,
+												 refill_amount, &stretched, 0, NULL);
+		return;
+	}
+	if (algorithm == ALGORITHM_SLIDING_LOG)
+	{
+		algorithm = ALGORITHM_FIXED_WINDOW;
+		local_capacity = (int64) floor(capacity * share) / 2;
+		if (local_capacity < 1)
+			return;
+	}
+	if (algorithm == ALGORITHM_FIXED_WINDOW || algorithm == ALGORITHM_SLIDING_WINDOW)
+		policy->local_usable = limit_params_init(&policy->local_bucket, algorithm, local_capacity,
+												 0, &policy->period, 0,
+												 policy->bucket.time_zone);
+	/* A sliding log's window: epoch-aligned, as its own is. */
+	if (policy->algorithm == ALGORITHM_SLIDING_LOG)
+		policy->local_bucket.calendar = CALENDAR_NONE;
+}
+
+/* A policy's limits: its params and local bucket, from capacity and a refill or its window. */
+static void
+policy_limits(Policy *policy, int64 capacity, int64 refill_amount, int64 period_ms,
+			  int64 idle_ttl_ms)
+{
+	Interval	refill = {0};
+	const Interval *period = &policy->period;
+	char		zone[LIMIT_ZONE_LEN];
+
+	strlcpy(zone, policy->bucket.time_zone[0] ? policy->bucket.time_zone : "UTC", sizeof(zone));
+	if (limit_refills(policy->algorithm))
+	{
+		refill.time = period_ms * 1000;
+		period = &refill;
+	}
+	policy->usable = limit_params_init(&policy->bucket, policy->algorithm, capacity,
+									   refill_amount, period, idle_ttl_ms, zone);
+	policy_local_bucket(policy, capacity, refill_amount, period_ms);
 }
 
 /*
@@ -104,6 +150,8 @@ policy_load_all(HTAB *cache, Oid relid, Snapshot snapshot, uint64 installation)
 				mode_col = policy_column(rel, "mode"),
 				local_share_col = policy_column(rel, "local_share"),
 				version_col = policy_column(rel, "version");
+	/* Added by 0.7: until the extension is updated, every zone is UTC. */
+	AttrNumber	time_zone_attnum = get_attnum(RelationGetRelid(rel), "time_zone");
 	Datum	   *values = palloc(desc->natts * sizeof(Datum));
 	bool	   *nulls = palloc(desc->natts * sizeof(bool));
 	TableScanDesc scan = table_beginscan(rel, snapshot, 0, NULL);
@@ -129,34 +177,30 @@ policy_load_all(HTAB *cache, Oid relid, Snapshot snapshot, uint64 installation)
 		policy->mode = strcmp(word, "shadow") == 0 ? POLICY_MODE_SHADOW :
 			strcmp(word, "disabled") == 0 ? POLICY_MODE_DISABLED : POLICY_MODE_ENFORCE;
 		word = TextDatumGetCString(values[algorithm_col]);
-		policy->algorithm = strcmp(word, "concurrency") == 0 ?
-			ALGORITHM_CONCURRENCY : ALGORITHM_TOKEN_BUCKET;
+		policy->algorithm = limit_algorithm(word);
 		policy->idle_ttl_ms = nulls[idle_ttl_col] ? 0 :
 			policy_interval_ms(DatumGetIntervalP(values[idle_ttl_col]));
 		policy->local_share = DatumGetFloat8(DirectFunctionCall1(numeric_float8_no_overflow,
 																 values[local_share_col]));
 		policy->override = OVERRIDE_NONE;
 		capacity = DatumGetInt64(values[capacity_col]);
+		refill_amount = nulls[refill_amount_col] ? 0 : DatumGetInt64(values[refill_amount_col]);
+		memset(&policy->period, 0, sizeof(policy->period));
+		if (!nulls[refill_period_col])
+			policy->period = *DatumGetIntervalP(values[refill_period_col]);
+		period_ms = policy->period.month != 0 ? 0 : policy_interval_ms(&policy->period);
+		memset(&policy->bucket, 0, sizeof(policy->bucket));
+		strlcpy(policy->bucket.time_zone, "UTC", LIMIT_ZONE_LEN);
+		if (time_zone_attnum != InvalidAttrNumber && !nulls[time_zone_attnum - 1])
+			text_to_cstring_buffer(DatumGetTextPP(values[time_zone_attnum - 1]),
+								   policy->bucket.time_zone, LIMIT_ZONE_LEN);
+		policy->local_usable = false;
 		if (policy->algorithm == ALGORITHM_CONCURRENCY)
-		{
 			/* Leases: capacity at once, each living at most idle_ttl. */
-			memset(&policy->bucket, 0, sizeof(policy->bucket));
-			policy->bucket.capacity = capacity;
-			policy->bucket.ttl_ms = policy->idle_ttl_ms;
-			/* Lease expiries (now + TTL) and counts must stay exact in the script's doubles. */
-			policy->usable = capacity > 0 && capacity < BUCKET_EXACT_LIMIT &&
-				policy->idle_ttl_ms > 0 && policy->idle_ttl_ms <= BUCKET_MAX_TTL_MS;
-			policy->local_usable = false;
-		}
+			policy->usable = limit_params_init(&policy->bucket, ALGORITHM_CONCURRENCY, capacity,
+											   0, NULL, policy->idle_ttl_ms, NULL);
 		else
-		{
-			refill_amount = nulls[refill_amount_col] ? 0 : DatumGetInt64(values[refill_amount_col]);
-			period_ms = nulls[refill_period_col] ? 0 :
-				policy_interval_ms(DatumGetIntervalP(values[refill_period_col]));
-			policy->usable = bucket_params_init(&policy->bucket, capacity, refill_amount,
-												period_ms, policy->idle_ttl_ms);
-			policy_local_bucket(policy, capacity, refill_amount, period_ms);
-		}
+			policy_limits(policy, capacity, refill_amount, period_ms, policy->idle_ttl_ms);
 	}
 	table_endscan(scan);
 	table_close(rel, NoLock);
@@ -177,9 +221,7 @@ policy_apply_limits(Policy *policy, int32 version, int64 capacity, int64 refill_
 		policy->bucket.capacity = capacity;
 		return;
 	}
-	if (!bucket_params_init(&policy->bucket, capacity, refill_amount, period_ms,
-							policy->idle_ttl_ms))
-		policy->usable = bucket_params_init(&policy->bucket, capacity, refill_amount,
-											period_ms, 0);
-	policy_local_bucket(policy, capacity, refill_amount, period_ms);
+	policy_limits(policy, capacity, refill_amount, period_ms, policy->idle_ttl_ms);
+	if (!policy->usable)
+		policy_limits(policy, capacity, refill_amount, period_ms, 0);
 }

@@ -12,7 +12,7 @@
 #include "utils/relcache.h"
 #include "utils/snapshot.h"
 
-#include "algorithm/token_bucket.h"
+#include "algorithm/limit.h"
 
 typedef enum FailMode
 {
@@ -20,12 +20,6 @@ typedef enum FailMode
 	FAIL_MODE_CLOSED,
 	FAIL_MODE_LOCAL
 } FailMode;
-
-typedef enum Algorithm
-{
-	ALGORITHM_TOKEN_BUCKET,
-	ALGORITHM_CONCURRENCY
-} Algorithm;
 
 /* What a policy's decisions do: count and deny, count and only say so, or nothing. */
 typedef enum PolicyMode
@@ -55,9 +49,10 @@ typedef struct Policy
 	PolicyMode	mode;
 	bool		usable;			/* false: the row is outside the bucket's bounds */
 	BucketParams bucket;		/* concurrency: only capacity and ttl_ms (the lease TTL) */
-	/* The local fallback bucket: capacity and refill scaled by local_share. */
+	/* The local fallback bucket: capacity (and refill) scaled by local_share. */
 	bool		local_usable;
 	BucketParams local_bucket;
+	Interval	period;			/* the row's refill_period: a window algorithm's window */
 	int64		idle_ttl_ms;	/* 0: null, the time to refill completely */
 	double		local_share;
 	/* Set only on a request's copy, by policy_apply_override. */
@@ -68,8 +63,6 @@ typedef struct Policy
 extern int64 policy_interval_ms(Interval *interval);
 extern const char *policy_fail_mode_name(FailMode mode);
 extern AttrNumber policy_column(Relation rel, const char *column);
-extern void policy_local_bucket(Policy *policy, int64 capacity, int64 refill_amount,
-								int64 period_ms);
 extern void policy_load_all(HTAB *cache, Oid relid, Snapshot snapshot, uint64 installation);
 extern void policy_apply_limits(Policy *policy, int32 version, int64 capacity,
 								int64 refill_amount, int64 period_ms);

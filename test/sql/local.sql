@@ -1,6 +1,10 @@
--- The local fallback bucket (C, bucket.c) and the Redis script (Lua) make the same
+-- The local fallback bucket (C, src/algorithm/) and the Redis script (Lua) make the same
 -- decisions: one sequence of (time, cost), with the clock stepping back now and then,
--- is run against Redis and against a local bucket, and every answer is compared.
+-- is run against Redis and against a local bucket, and every answer is compared; for the
+-- token bucket, GCRA, the fixed and the sliding window. (The windows' sequence only steps
+-- forward: a clock that steps back across a window's start counts in the earlier
+-- window's own key in Redis, and, conservatively, on in the later one in the one local
+-- slot. A sliding log's fallback is a fixed window: not the same answers by design.)
 
 -- Fixtures: the extension and expect_error (test/sql/include/fixtures.sql), quietly.
 \set ECHO none
@@ -11,6 +15,15 @@ INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, fail_mode) 
     ('eq.odd.local', 7, 3, '1 s', 'local'),
     ('eq.minute.redis', 10, 120, '1 min', 'closed'),
     ('eq.minute.local', 10, 120, '1 min', 'local');
+-- (GCRA's keys live until their arrival time on Redis's own clock, which the test clock
+-- outruns: an idle_ttl keeps them for the whole run.)
+INSERT INTO rl_policy (name, algorithm, capacity, refill_amount, refill_period, idle_ttl, fail_mode) VALUES
+    ('eq.gcra.redis', 'gcra', 7, 3, '1 s', '1 hour', 'closed'),
+    ('eq.gcra.local', 'gcra', 7, 3, '1 s', '1 hour', 'local'),
+    ('eq.fixed.redis', 'fixed_window', 7, NULL, '5 s', NULL, 'closed'),
+    ('eq.fixed.local', 'fixed_window', 7, NULL, '5 s', NULL, 'local'),
+    ('eq.sliding.redis', 'sliding_window', 7, NULL, '5 s', NULL, 'closed'),
+    ('eq.sliding.local', 'sliding_window', 7, NULL, '5 s', NULL, 'local');
 
 SELECT setseed(0.42);
 CREATE TEMP TABLE steps AS
@@ -28,7 +41,11 @@ DECLARE
     step record;
 BEGIN
     FOR step IN SELECT * FROM steps ORDER BY i LOOP
-        now_ms := now_ms + step.step_ms;
+        IF p_policy LIKE 'eq.fixed.%' OR p_policy LIKE 'eq.sliding.%' THEN
+            now_ms := now_ms + abs(step.step_ms);
+        ELSE
+            now_ms := now_ms + step.step_ms;
+        END IF;
         PERFORM set_config('ratelimit.test_clock_ms', now_ms::text, false);
         INSERT INTO answers
         SELECT p_kind, p_policy, step.i, d.allowed, d.remaining, d.retry_after_ms,
@@ -41,14 +58,20 @@ $$;
 
 SELECT pg_temp.run_steps('redis', 'eq.odd.redis');
 SELECT pg_temp.run_steps('redis', 'eq.minute.redis');
+SELECT pg_temp.run_steps('redis', 'eq.gcra.redis');
+SELECT pg_temp.run_steps('redis', 'eq.fixed.redis');
+SELECT pg_temp.run_steps('redis', 'eq.sliding.redis');
 SET ratelimit.redis_url = 'redis://127.0.0.1:1';
 SELECT pg_temp.run_steps('local', 'eq.odd.local');
 SELECT pg_temp.run_steps('local', 'eq.minute.local');
+SELECT pg_temp.run_steps('local', 'eq.gcra.local');
+SELECT pg_temp.run_steps('local', 'eq.fixed.local');
+SELECT pg_temp.run_steps('local', 'eq.sliding.local');
 RESET ratelimit.redis_url;
 
 -- Who decided, and how often each way: both sides grant and deny many times.
-SELECT kind, source, count(*) AS decisions, count(*) FILTER (WHERE allowed) AS granted
-FROM answers GROUP BY 1, 2 ORDER BY 1;
+SELECT kind, policy, source, count(*) AS decisions, count(*) FILTER (WHERE allowed) AS granted
+FROM answers GROUP BY 1, 2, 3 ORDER BY 1, 2;
 -- Every answer the same.
 SELECT r.policy, count(*) AS steps,
        count(*) FILTER (WHERE (r.allowed, r.remaining, r.retry_after_ms, r.reset_after_ms)

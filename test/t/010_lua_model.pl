@@ -1,9 +1,9 @@
 #!/usr/bin/perl
 #
-# Model tests for lua/token_bucket/take.lua (composed with lua/lib.lua and
-# lua/token_bucket/common.lua), run directly in a private redis-server with an injected
+# Model tests for lua/token_bucket/take_one.lua (rl_consume's take of a token bucket,
+# composed with lua/lib.lua), run directly in a private redis-server with an injected
 # clock (ARGV[1] = now in ms). test/t/011_lua_model_one.pl runs them all again against
-# lua/token_bucket/take_one.lua, the lean one-bucket path, which must answer alike.
+# lua/group.lua (rl_consume_all), one token-bucket check per call, which must answer alike.
 #
 # Every call is checked twice: against exact values worked out by hand, and against a
 # pure-Perl reference model of the same math in 64-bit integers (model_step below). The
@@ -33,8 +33,10 @@ use Time::HiRes ();
 
 # The take script as Redis runs it: dev/lua-script puts lua/lib.lua and the algorithm's
 # common.lua before it, as the build does.
-my $SCRIPT_NAME = $ENV{RL_TAKE_SCRIPT} // 'take.lua';
-my $SCRIPT_PATH = "$FindBin::Bin/../../lua/token_bucket/$SCRIPT_NAME";
+my $SCRIPT_NAME = $ENV{RL_TAKE_SCRIPT} // 'token_bucket/take_one.lua';
+my $SCRIPT_PATH = "$FindBin::Bin/../../lua/$SCRIPT_NAME";
+# The group script takes each check's algorithm tag before its numbers (1: token bucket).
+my @TAG = $SCRIPT_NAME eq 'group.lua' ? (1) : ();
 my $COMPOSE = "$FindBin::Bin/../../dev/lua-script";
 my $LIMIT = 1 << 53;    # every value of the bucket math stays below this (as in algorithm/token_bucket.h)
 my $T0 = 1_800_000_000_000;    # an injected "now" around 2027, as Redis TIME gives in ms
@@ -264,7 +266,7 @@ sub policy
 sub script_args
 {
 	my ($p, $cost, $now) = @_;
-	return ($now // '', $p->{cap}, $p->{rate}, $p->{unit}, $cost, $p->{ttl});
+	return ($now // '', @TAG, $p->{cap}, $p->{rate}, $p->{unit}, $cost, $p->{ttl});
 }
 
 #
@@ -454,7 +456,7 @@ my $script = do
 };
 
 $sha = cmd('SCRIPT', 'LOAD', $script);
-is($sha, sha1_hex($script), "SCRIPT LOAD returns the SHA-1 of lua/token_bucket/$SCRIPT_NAME as composed");
+is($sha, sha1_hex($script), "SCRIPT LOAD returns the SHA-1 of lua/$SCRIPT_NAME as composed");
 
 # The policies used below.
 my $per_minute = policy(10, 120, 60_000);    # 120 a minute = 2 a second
@@ -464,10 +466,13 @@ my $day_max = policy(104_249_991, 1, 86_400_000);    # 1 a day, largest exact ca
 my $fast_max = policy(1_501_199_875_790_165, 1 << 52, 3, ttl => 600_000);    # cap+rate = 2^53-1
 my $b3_max = policy(94_906_264, 94_906_265, 94_906_266);    # unit and rate both ~2^26.5
 
+# The script's arguments without the group script's tag.
+sub bucket_args { my @a = script_args(@_); splice(@a, 1, scalar @TAG); return @a }
+
 subtest 'policy helper: (C, R, P) -> script arguments, as src/algorithm/token_bucket.c' => sub {
-	is_deeply([ script_args($per_minute, 1, 5) ], [ 5, 5000, 1, 500, 1, 5000 ],
+	is_deeply([ bucket_args($per_minute, 1, 5) ], [ 5, 5000, 1, 500, 1, 5000 ],
 		'120 per minute: gcd 120, unit 500, rate 1, capacity 5000 units, TTL 5000 ms');
-	is_deeply([ script_args($thirds, 2, undef) ], [ '', 5000, 3, 1000, 2, 1667 ],
+	is_deeply([ bucket_args($thirds, 2, undef) ], [ '', 5000, 3, 1000, 2, 1667 ],
 		'3 per second: unit 1000, rate 3, TTL rounded up to 1667 ms, empty now');
 	is_deeply([ @{$day_max}{qw(unit rate cap)} ], [ 86_400_000, 1, 9_007_199_222_400_000 ],
 		'1 per day at the largest capacity: 104249991 * 86400000 units');
@@ -802,8 +807,8 @@ subtest 'no now argument: the script uses Redis TIME' => sub {
 	my @short = script_args($per_minute, 1, undef);
 	pop @short;
 	$r = cmd('EVALSHA', $sha, 1, 'time:short', @short);
-	ok(is_error($r) && $r->msg =~ /called with 5 arguments, not 6/,
-		'a missing argument is an error reply naming the count');
+	my $refusal = @TAG ? qr/arguments that do not match its keys/ : qr/called with 5 arguments, not 6/;
+	ok(is_error($r) && $r->msg =~ $refusal, 'a missing argument is an error reply that says so');
 	is_deeply(stored('time:short'), [ undef, undef ], 'and nothing is written');
 };
 

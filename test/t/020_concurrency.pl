@@ -95,6 +95,30 @@ is_deeply(
 	[ 't', 0, 'redis' ],
 	'the last 2 tokens can still be taken');
 
+# Every other algorithm: 100 tokens (no refill, no window end during the run), 240
+# attempts from 120 sessions, exactly 100 grants.
+$node->safe_psql(
+	'postgres', q{
+	INSERT INTO rl_policy (name, algorithm, capacity, refill_amount, refill_period, fail_mode) VALUES
+	  ('conc_gcra', 'gcra', 100, 1, '1 day', 'closed'),
+	  ('conc_fixed', 'fixed_window', 100, NULL, '1000 days', 'closed'),
+	  ('conc_sliding', 'sliding_window', 100, NULL, '1000 days', 'closed'),
+	  ('conc_log', 'sliding_log', 100, NULL, '1 day', 'closed');
+	CREATE TABLE grants_alg (policy text, pid int);
+});
+for my $policy (qw(conc_gcra conc_fixed conc_sliding conc_log))
+{
+	pgbench(
+		$policy, qq{
+INSERT INTO grants_alg SELECT '$policy', pg_backend_pid() WHERE (rl_consume('$policy', 'tenant_1', 1)).allowed;
+}, 2);
+	is($node->safe_psql('postgres', "SELECT count(*) FROM grants_alg WHERE policy = '$policy'"),
+		'100', "$policy: exactly 100 grants for 100 tokens");
+	my $empty = consume($node, $policy, 'tenant_1');
+	is_deeply([ @$empty{qw(allowed remaining source)} ], [ 'f', 0, 'redis' ],
+		"$policy: empty afterwards, by Redis");
+}
+
 my $log = slurp_file($node->logfile);
 unlike($log, qr/Redis cannot answer/, 'Redis answered every decision');
 unlike($log, qr/server process .* was terminated/, 'no backend crashed');

@@ -10,6 +10,7 @@ use warnings;
 
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
+use FindBin;
 use Test::More;
 
 use RateLimitTest;
@@ -56,8 +57,9 @@ is($node->safe_psql('postgres', "SELECT allowed, remaining FROM rl_peek('up.one'
 $node->safe_psql('postgres', 'DROP TABLE rl_installation_seq');
 
 $node->safe_psql('postgres', 'ALTER EXTENSION ratelimit UPDATE');
+my ($version) = slurp_file("$FindBin::Bin/../../ratelimit.control") =~ /^default_version = '([^']+)'/m;
 is($node->safe_psql('postgres', "SELECT extversion FROM pg_extension WHERE extname = 'ratelimit'"),
-	'0.6.0', 'updated to 0.6.0 with the old buckets live in Redis');
+	$version, "updated to $version with the old buckets live in Redis");
 is(key_installation($node), '', 'an installation made at 0.3.0 keeps no id in its keys');
 
 my $q = sub { $node->safe_psql('postgres', $_[0]) };

@@ -1,0 +1,69 @@
+-- fixed_window/common.lua: the fixed window as peek, refund and the group script use it
+-- (after lib.lua; take_one.lua, rl_consume's take, inlines it). algorithm/fixed_window.c
+-- is the same in C.
+--
+-- Each window counts in a key of its own (PostgreSQL chose the window and named the
+-- key): one integer, written with a TTL that outlives the window's end a little. A
+-- missing key is a count of 0. No clock: PostgreSQL said how long the window has left.
+--
+-- Each check takes 4 arguments: capacity, cost, ms left in the window, the key's TTL.
+
+local FIXED_WINDOW = {nkeys = 1, nargs = 4}
+
+function FIXED_WINDOW.load(k, a)
+  local s = {
+    key = KEYS[k],
+    capacity = tonumber(ARGV[a]),
+    cost = tonumber(ARGV[a + 1]),
+    left = tonumber(ARGV[a + 2]),
+    ttl = tonumber(ARGV[a + 3]),
+  }
+  local value = redis.pcall('GET', s.key)
+  if type(value) == 'table' then
+    raise(value, 'GET')
+  end
+  s.count = stored_count(value)
+  return s
+end
+
+function FIXED_WINDOW.try(s, e)
+  if s.count + e.cost <= s.capacity then
+    s.count = s.count + e.cost
+    return true
+  end
+  e.retry = s.left
+  return false
+end
+
+function FIXED_WINDOW.undo(s, e)
+  s.count = s.count - e.cost
+end
+
+function FIXED_WINDOW.refund(s, e)
+  s.count = math.max(s.count - e.cost, 0)
+end
+
+function FIXED_WINDOW.may(s)
+  may_write('SET', s.key, '0', 'PX', 1)
+  may_write('DEL', s.key)
+end
+
+function FIXED_WINDOW.ttl(s)
+  return s.ttl
+end
+
+function FIXED_WINDOW.write(s)
+  if s.count > 0 then
+    call('SET', s.key, string.format('%d', s.count), 'PX', s.ttl)
+  else
+    call('DEL', s.key)
+  end
+end
+
+function FIXED_WINDOW.answer(s)
+  local reset = 0
+  if s.count > 0 then
+    reset = s.left
+  end
+  return math.max(s.capacity - s.count, 0), reset
+end

@@ -1,0 +1,754 @@
+-- ratelimit: policies as rows of PostgreSQL, decisions from buckets in Redis.
+--
+-- The full install script of the current version: the build copies this file to
+-- sql/ratelimit--<default_version>.sql. Edit it here. An installation made with an older
+-- version reaches the same objects through the update scripts sql/ratelimit--A--B.sql
+-- (test/sql/upgrade.sql compares the two), so every change here needs one there too.
+--
+-- The public API is named rl_*; functions only the extension's own tables, constraints and
+-- views call are named _rl_* and are not part of it. Expressions that are parsed now (the
+-- constraints, SQL-standard bodies) name PostgreSQL's operators and functions with
+-- pg_catalog: this script runs with the extension's schema in search_path, where another
+-- role may have put look-alikes. Functions in PL/pgSQL pin their own search_path.
+\echo Use "CREATE EXTENSION ratelimit" to load this file. \quit
+
+--
+-- The arithmetic of the table constraints (executable by everyone: constraints call them).
+--
+
+-- Milliseconds in an interval without a month part (months have no fixed length).
+-- A SQL-standard body is bound when created, so search_path cannot redirect it.
+CREATE FUNCTION @extschema@._rl_interval_ms(period interval) RETURNS numeric
+IMMUTABLE STRICT PARALLEL SAFE LANGUAGE sql
+RETURN EXTRACT(epoch FROM period) OPERATOR(pg_catalog.*) 1000;
+
+-- True when an interval is a whole, positive number of milliseconds with no month part.
+CREATE FUNCTION @extschema@._rl_interval_is_whole_ms(period interval) RETURNS boolean
+IMMUTABLE STRICT PARALLEL SAFE LANGUAGE sql
+RETURN EXTRACT(month FROM period) OPERATOR(pg_catalog.=) 0
+   AND EXTRACT(year FROM period) OPERATOR(pg_catalog.=) 0
+   AND @extschema@._rl_interval_ms(period) OPERATOR(pg_catalog.>=) 1
+   AND @extschema@._rl_interval_ms(period)
+       OPERATOR(pg_catalog.=) pg_catalog.trunc(@extschema@._rl_interval_ms(period));
+
+-- True when the bucket's integer arithmetic stays exact in Redis's Lua (doubles):
+-- with g = gcd(refill_amount, period_ms), capacity * period_ms / g + refill_amount / g
+-- must stay below 2^53. src/algorithm/token_bucket.c checks the same bound.
+CREATE FUNCTION @extschema@._rl_bucket_is_exact(capacity bigint, refill_amount bigint, refill_period interval)
+RETURNS boolean IMMUTABLE STRICT PARALLEL SAFE LANGUAGE sql
+RETURN CASE WHEN refill_amount OPERATOR(pg_catalog.>) 0
+                 AND @extschema@._rl_interval_ms(refill_period) OPERATOR(pg_catalog.>=) 1 THEN
+    -- (OPERATOR() binds left to right, whatever the operator: hence the parentheses.)
+    ((capacity::numeric OPERATOR(pg_catalog.*)
+      (@extschema@._rl_interval_ms(refill_period) OPERATOR(pg_catalog./)
+       pg_catalog.gcd(refill_amount::numeric, @extschema@._rl_interval_ms(refill_period))))
+     OPERATOR(pg_catalog.+)
+     (refill_amount OPERATOR(pg_catalog./)
+      pg_catalog.gcd(refill_amount::numeric, @extschema@._rl_interval_ms(refill_period))))
+    OPERATOR(pg_catalog.<) (2::numeric OPERATOR(pg_catalog.^) 53) END;
+
+-- Milliseconds an empty bucket needs to refill completely, rounded up.
+-- (Both functions leave non-positive input to the table's own checks: NULL passes.)
+CREATE FUNCTION @extschema@._rl_refill_ms(capacity bigint, refill_amount bigint, refill_period interval)
+RETURNS numeric IMMUTABLE STRICT PARALLEL SAFE LANGUAGE sql
+RETURN CASE WHEN refill_amount OPERATOR(pg_catalog.>) 0 THEN
+    pg_catalog.ceil((capacity::numeric OPERATOR(pg_catalog.*) @extschema@._rl_interval_ms(refill_period))
+                    OPERATOR(pg_catalog./) refill_amount) END;
+
+-- True for exactly one month or one year: a fixed window's calendar windows (no other
+-- interval with months has a length in ms).
+CREATE FUNCTION @extschema@._rl_interval_is_calendar_months(period interval) RETURNS boolean
+IMMUTABLE STRICT PARALLEL SAFE LANGUAGE sql
+RETURN ((EXTRACT(year FROM period) OPERATOR(pg_catalog.*) 12) OPERATOR(pg_catalog.+) EXTRACT(month FROM period))
+       OPERATOR(pg_catalog.=) ANY (ARRAY[1, 12]::numeric[])
+   AND EXTRACT(day FROM period) OPERATOR(pg_catalog.=) 0
+   AND EXTRACT(hour FROM period) OPERATOR(pg_catalog.=) 0
+   AND EXTRACT(minute FROM period) OPERATOR(pg_catalog.=) 0
+   AND EXTRACT(second FROM period) OPERATOR(pg_catalog.=) 0;
+
+-- True for a time zone PostgreSQL knows (at most 63 bytes); an unknown one raises 22023.
+CREATE FUNCTION @extschema@._rl_time_zone_is_valid(zone text) RETURNS boolean
+IMMUTABLE STRICT PARALLEL SAFE LANGUAGE sql
+RETURN pg_catalog.octet_length(zone) OPERATOR(pg_catalog.<=) 63
+   AND (TIMESTAMPTZ '2000-01-01 00:00+00' AT TIME ZONE zone) IS NOT NULL;
+
+-- The bounds of the algorithms other than the token bucket's, which keep their scripts
+-- exact (src/algorithm/limit.c, gcra.h, sliding_log.h check the same): GCRA's rate
+-- refill_amount / g at most 512 and its tolerance below 2^52; a sliding window's
+-- capacity * window below 2^51; a sliding log's capacity at most 10,000 (one member per
+-- token); a window of at most 2^52 ms.
+CREATE FUNCTION @extschema@._rl_window_is_exact(algorithm text, capacity bigint, refill_amount bigint,
+                                                refill_period interval)
+RETURNS boolean IMMUTABLE PARALLEL SAFE LANGUAGE sql
+RETURN CASE algorithm
+    WHEN 'gcra' THEN
+        refill_amount IS NULL OR refill_period IS NULL
+        OR @extschema@._rl_interval_ms(refill_period) OPERATOR(pg_catalog.<) 1
+        OR (refill_amount OPERATOR(pg_catalog./)
+            pg_catalog.gcd(refill_amount::numeric, @extschema@._rl_interval_ms(refill_period)))
+           OPERATOR(pg_catalog.<=) 512
+           AND (capacity::numeric OPERATOR(pg_catalog.*)
+                (@extschema@._rl_interval_ms(refill_period) OPERATOR(pg_catalog./)
+                 pg_catalog.gcd(refill_amount::numeric, @extschema@._rl_interval_ms(refill_period))))
+               OPERATOR(pg_catalog.<) (2::numeric OPERATOR(pg_catalog.^) 52)
+    WHEN 'sliding_window' THEN
+        refill_period IS NULL
+        OR capacity::numeric OPERATOR(pg_catalog.*) @extschema@._rl_interval_ms(refill_period)
+           OPERATOR(pg_catalog.<) (2::numeric OPERATOR(pg_catalog.^) 51)
+    WHEN 'sliding_log' THEN
+        capacity OPERATOR(pg_catalog.<=) 10000
+        AND (refill_period IS NULL OR @extschema@._rl_interval_ms(refill_period)
+             OPERATOR(pg_catalog.<=) 4503599627370496::numeric)
+    WHEN 'fixed_window' THEN
+        refill_period IS NULL OR @extschema@._rl_interval_is_calendar_months(refill_period)
+        OR @extschema@._rl_interval_ms(refill_period) OPERATOR(pg_catalog.<=) 4503599627370496::numeric
+    ELSE true END;
+
+--
+-- Policies: one row per limit.
+--
+
+-- Versions come from one sequence, so a version is never reused, not even by a policy
+-- that is dropped and created again.
+CREATE SEQUENCE @extschema@.rl_policy_version_seq AS integer;
+REVOKE ALL ON SEQUENCE @extschema@.rl_policy_version_seq FROM PUBLIC;
+
+-- Versions start again at 1 when the extension is dropped and created again, so every
+-- key also names the installation: a random id chosen now, kept by pg_dump (a restored
+-- database reads the same buckets). The sequence is only a dumpable place for one number:
+-- nothing calls nextval on it.
+CREATE SEQUENCE @extschema@.rl_installation_seq AS bigint MINVALUE 0 START 0;
+SELECT pg_catalog.setval('@extschema@.rl_installation_seq',
+       GREATEST(1, ('x' OPERATOR(pg_catalog.||)
+                    pg_catalog.substr(pg_catalog.md5(pg_catalog.gen_random_uuid()::text), 1, 12))::bit(48)::bigint),
+       true);
+REVOKE ALL ON SEQUENCE @extschema@.rl_installation_seq FROM PUBLIC;
+COMMENT ON SEQUENCE @extschema@.rl_installation_seq IS
+    'the id of this installation of the extension, part of every Redis key; never advanced';
+
+-- A token bucket refills; a concurrency policy holds leases, each living at most idle_ttl
+-- (the backstop for a holder that dies), and has no refill. The bounds are what the
+-- scripts hold exactly (Lua numbers are doubles): a capacity below 2^53, an idle_ttl of at
+-- most 2^52 ms (about 142,000 years, so that now + TTL stays exact).
+CREATE TABLE @extschema@.rl_policy (
+    name          text PRIMARY KEY
+                  CONSTRAINT rl_policy_name_check CHECK (name OPERATOR(pg_catalog.~) '^[a-z0-9_.-]{1,63}$'),
+    algorithm     text NOT NULL DEFAULT 'token_bucket'
+                  CONSTRAINT rl_policy_algorithm_check
+                  CHECK (algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra', 'fixed_window',
+                                                                     'sliding_window', 'sliding_log',
+                                                                     'concurrency'])),
+    capacity      bigint NOT NULL
+                  CONSTRAINT rl_policy_capacity_check CHECK (capacity OPERATOR(pg_catalog.>) 0),
+    refill_amount bigint
+                  CONSTRAINT rl_policy_refill_amount_check CHECK (refill_amount OPERATOR(pg_catalog.>) 0),
+    refill_period interval
+                  CONSTRAINT rl_policy_refill_period_check
+                  CHECK (@extschema@._rl_interval_is_whole_ms(refill_period)
+                         OR @extschema@._rl_interval_is_calendar_months(refill_period)),
+    idle_ttl      interval,
+    fail_mode     text NOT NULL DEFAULT 'closed'
+                  CONSTRAINT rl_policy_fail_mode_check
+                  CHECK (fail_mode OPERATOR(pg_catalog.=) ANY (ARRAY['open', 'closed', 'local'])),
+    mode          text NOT NULL DEFAULT 'enforce'
+                  CONSTRAINT rl_policy_mode_check
+                  CHECK (mode OPERATOR(pg_catalog.=) ANY (ARRAY['enforce', 'shadow', 'disabled'])),
+    local_share   numeric NOT NULL DEFAULT 1
+                  CONSTRAINT rl_policy_local_share_check
+                  CHECK (local_share OPERATOR(pg_catalog.>=) 0.000001 AND local_share OPERATOR(pg_catalog.<=) 1),
+    version       integer NOT NULL DEFAULT 0,
+    CONSTRAINT rl_policy_algorithm_fields_check
+        CHECK (CASE
+                   WHEN algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra'])
+                       THEN refill_amount IS NOT NULL AND refill_period IS NOT NULL
+                   WHEN algorithm OPERATOR(pg_catalog.=) 'concurrency'
+                       THEN refill_amount IS NULL AND refill_period IS NULL AND idle_ttl IS NOT NULL
+                   ELSE refill_amount IS NULL AND refill_period IS NOT NULL AND idle_ttl IS NULL
+               END),
+    CONSTRAINT rl_policy_idle_ttl_check
+        CHECK (idle_ttl IS NULL
+               OR @extschema@._rl_interval_is_whole_ms(idle_ttl) AND @extschema@._rl_interval_ms(idle_ttl)
+                   OPERATOR(pg_catalog.>=) @extschema@._rl_refill_ms(capacity, refill_amount, refill_period)),
+    CONSTRAINT rl_policy_exact_check
+        CHECK (@extschema@._rl_bucket_is_exact(capacity, refill_amount, refill_period)),
+    CONSTRAINT rl_policy_capacity_bound_check
+        CHECK (capacity OPERATOR(pg_catalog.<) 9007199254740992::bigint),
+    CONSTRAINT rl_policy_idle_ttl_bound_check
+        CHECK (idle_ttl IS NULL OR @extschema@._rl_interval_ms(idle_ttl)
+               OPERATOR(pg_catalog.<=) 4503599627370496::numeric),
+    time_zone     text NOT NULL DEFAULT 'UTC'
+                  CONSTRAINT rl_policy_time_zone_check
+                  CHECK (@extschema@._rl_time_zone_is_valid(time_zone)),
+    CONSTRAINT rl_policy_months_check
+        CHECK (algorithm OPERATOR(pg_catalog.=) 'fixed_window'
+               OR NOT @extschema@._rl_interval_is_calendar_months(refill_period)),
+    CONSTRAINT rl_policy_time_zone_algorithm_check
+        CHECK (algorithm OPERATOR(pg_catalog.=) 'fixed_window' OR time_zone OPERATOR(pg_catalog.=) 'UTC'),
+    CONSTRAINT rl_policy_window_bound_check
+        CHECK (@extschema@._rl_window_is_exact(algorithm, capacity, refill_amount, refill_period))
+);
+REVOKE ALL ON @extschema@.rl_policy FROM PUBLIC;
+COMMENT ON TABLE @extschema@.rl_policy IS 'rate limit policies: one row per limit';
+COMMENT ON COLUMN @extschema@.rl_policy.version IS
+    'bumped by the extension when a change alters the meaning of stored bucket state';
+
+-- True when local fallback buckets exist (ratelimit is in shared_preload_libraries).
+CREATE FUNCTION @extschema@._rl_local_available() RETURNS boolean
+AS 'MODULE_PATHNAME', 'rl_local_available' LANGUAGE C STABLE PARALLEL SAFE;
+REVOKE ALL ON FUNCTION @extschema@._rl_local_available() FROM PUBLIC;
+
+--
+-- Overrides: other limits for one subject of a policy.
+--
+
+-- A premium tenant gets more, a noisy one less ('limit'), or a subject is always allowed
+-- ('allow') or always denied ('deny'), until expires_at. A 'limit' override has its own
+-- version, so its bucket has its own Redis key.
+CREATE TABLE @extschema@.rl_override (
+    policy        text NOT NULL
+                  REFERENCES @extschema@.rl_policy (name) ON UPDATE CASCADE ON DELETE CASCADE,
+    subject       text NOT NULL
+                  CONSTRAINT rl_override_subject_check
+                  CHECK (pg_catalog.octet_length(subject) OPERATOR(pg_catalog.>=) 1
+                         AND pg_catalog.octet_length(subject) OPERATOR(pg_catalog.<=) 1024),
+    action        text NOT NULL DEFAULT 'limit'
+                  CONSTRAINT rl_override_action_check
+                  CHECK (action OPERATOR(pg_catalog.=) ANY (ARRAY['limit', 'allow', 'deny'])),
+    capacity      bigint
+                  CONSTRAINT rl_override_capacity_check CHECK (capacity OPERATOR(pg_catalog.>) 0),
+    refill_amount bigint
+                  CONSTRAINT rl_override_refill_amount_check CHECK (refill_amount OPERATOR(pg_catalog.>) 0),
+    refill_period interval
+                  CONSTRAINT rl_override_refill_period_check
+                  CHECK (@extschema@._rl_interval_is_whole_ms(refill_period)),
+    expires_at    timestamptz,
+    reason        text,
+    created_at    timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    version       integer NOT NULL DEFAULT 0,
+    PRIMARY KEY (policy, subject),
+    -- 'limit' sets a capacity (and, for a token bucket, a refill); 'allow' and 'deny' set none.
+    CONSTRAINT rl_override_action_fields_check
+        CHECK (CASE action
+                   WHEN 'limit' THEN capacity IS NOT NULL
+                                     AND (refill_amount IS NULL) OPERATOR(pg_catalog.=) (refill_period IS NULL)
+                   ELSE capacity IS NULL AND refill_amount IS NULL AND refill_period IS NULL
+               END),
+    -- Compared with created_at, not now(): a dumped override that has expired since
+    -- still restores, while a new one cannot be born expired.
+    CONSTRAINT rl_override_expiry_check
+        CHECK (expires_at IS NULL OR expires_at OPERATOR(pg_catalog.>) created_at),
+    CONSTRAINT rl_override_exact_check
+        CHECK (@extschema@._rl_bucket_is_exact(capacity, refill_amount, refill_period)),
+    CONSTRAINT rl_override_capacity_bound_check
+        CHECK (capacity OPERATOR(pg_catalog.<) 9007199254740992::bigint)
+);
+REVOKE ALL ON @extschema@.rl_override FROM PUBLIC;
+COMMENT ON TABLE @extschema@.rl_override IS
+    'per-subject limits of a policy: another limit, always allow or always deny, until expires_at';
+
+--
+-- History: every change of a policy or an override, written by the extension only.
+--
+
+-- No primary key: pg_restore loads the dumped rows (with their ids) after the restore's own
+-- inserts into rl_policy. Rows a restore brings back are not recorded again
+-- (_rl_history_restored), so the ids stay unique; read the trail ordered by (at, id).
+-- (subject comes last: an installation updated from 0.1.0 added it last.)
+CREATE SEQUENCE @extschema@.rl_policy_history_id_seq;
+REVOKE ALL ON SEQUENCE @extschema@.rl_policy_history_id_seq FROM PUBLIC;
+CREATE TABLE @extschema@.rl_policy_history (
+    id        bigint NOT NULL
+              DEFAULT pg_catalog.nextval('@extschema@.rl_policy_history_id_seq'::pg_catalog.regclass),
+    at        timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    role      text NOT NULL,
+    xid       xid8 NOT NULL DEFAULT pg_catalog.pg_current_xact_id(),
+    action    text NOT NULL
+              CONSTRAINT rl_policy_history_action_check
+              CHECK (action OPERATOR(pg_catalog.=) ANY (ARRAY['INSERT', 'UPDATE', 'DELETE', 'TRUNCATE'])),
+    object    text NOT NULL DEFAULT 'policy',
+    name      text NOT NULL,
+    old       jsonb,
+    new       jsonb,
+    subject   text,
+    CONSTRAINT rl_policy_history_object_check
+        CHECK (object OPERATOR(pg_catalog.=) ANY (ARRAY['policy', 'override']))
+);
+ALTER SEQUENCE @extschema@.rl_policy_history_id_seq OWNED BY @extschema@.rl_policy_history.id;
+CREATE INDEX rl_policy_history_name_idx ON @extschema@.rl_policy_history (name, id);
+CREATE UNIQUE INDEX rl_policy_history_id_idx ON @extschema@.rl_policy_history (id);
+REVOKE ALL ON @extschema@.rl_policy_history FROM PUBLIC;
+COMMENT ON TABLE @extschema@.rl_policy_history IS
+    'every change of a policy or override: written by the extension';
+
+-- The part of a policy or override row (as jsonb) that gives meaning to its bucket state.
+CREATE FUNCTION @extschema@._rl_limits(item jsonb) RETURNS jsonb
+IMMUTABLE STRICT PARALLEL SAFE LANGUAGE sql
+RETURN pg_catalog.jsonb_build_object(
+    'algorithm', item OPERATOR(pg_catalog.->) 'algorithm', 'action', item OPERATOR(pg_catalog.->) 'action',
+    'capacity', item OPERATOR(pg_catalog.->) 'capacity',
+    'refill_amount', item OPERATOR(pg_catalog.->) 'refill_amount',
+    'refill_period', item OPERATOR(pg_catalog.->) 'refill_period');
+REVOKE ALL ON FUNCTION @extschema@._rl_limits(jsonb) FROM PUBLIC;
+
+-- With mark, notes (in the backend, for the transaction) that the row with key was
+-- inserted by a restore and returns true; without, returns whether that row was noted,
+-- and forgets it. Such a row is not recorded again: the restored history holds it.
+CREATE FUNCTION @extschema@._rl_history_restored(key text, mark boolean) RETURNS boolean
+AS 'MODULE_PATHNAME', 'rl_history_restored' LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
+REVOKE ALL ON FUNCTION @extschema@._rl_history_restored(text, boolean) FROM PUBLIC;
+
+-- The version an inserted row gets. A row that a superuser inserts with one (pg_restore
+-- does) keeps it when no row ever recorded with that name and version had other limits, so
+-- the restored policy finds its own buckets and nothing can misread another's; otherwise,
+-- and for everyone else, a new version. A version kept moves the sequence past it, so none
+-- is issued twice. A row inserted with its version kept while the history is still empty
+-- (a restore, which loads policies and overrides before their history) is noted for
+-- _rl_policy_record.
+CREATE FUNCTION @extschema@._rl_inserted_version(object text, name text, subject text, item jsonb)
+RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    supplied integer := (item ->> 'version')::integer;
+BEGIN
+    IF supplied IS NULL OR supplied <= 0
+       OR NOT coalesce((SELECT r.rolsuper FROM pg_roles r
+                        WHERE r.rolname = coalesce(nullif(current_setting('role'), 'none'),
+                                                   session_user::text)), false)
+       OR EXISTS (
+        SELECT FROM @extschema@.rl_policy_history h
+        WHERE h.name = _rl_inserted_version.name AND h.new IS NOT NULL
+          AND (h.new ->> 'version')::integer = supplied
+          AND (h.object, h.subject, @extschema@._rl_limits(h.new))
+              IS DISTINCT FROM (_rl_inserted_version.object, _rl_inserted_version.subject,
+                                @extschema@._rl_limits(item)))
+       OR EXISTS (SELECT FROM @extschema@.rl_override o
+                  WHERE o.policy = _rl_inserted_version.name AND o.version = supplied
+                    AND (object, o.subject) IS DISTINCT FROM ('override', _rl_inserted_version.subject))
+       OR EXISTS (SELECT FROM @extschema@.rl_policy p
+                  WHERE p.name = _rl_inserted_version.name AND p.version = supplied
+                    AND object <> 'policy') THEN
+        RETURN nextval('@extschema@.rl_policy_version_seq');
+    END IF;
+    IF supplied > (SELECT CASE WHEN is_called THEN last_value ELSE 0 END
+                   FROM @extschema@.rl_policy_version_seq) THEN
+        PERFORM setval('@extschema@.rl_policy_version_seq', supplied);
+    END IF;
+    IF NOT EXISTS (SELECT FROM @extschema@.rl_policy_history) THEN
+        PERFORM @extschema@._rl_history_restored(
+            object || ':' || name || ':' || coalesce(subject, '') || ':' || supplied, true);
+    END IF;
+    RETURN supplied;
+END
+$$;
+REVOKE ALL ON FUNCTION @extschema@._rl_inserted_version(text, text, text, jsonb) FROM PUBLIC;
+
+-- Records one change of a policy or an override, with the old and new rows, the role that
+-- made it (SET ROLE, else the session's), the time and the transaction. SECURITY DEFINER:
+-- no role needs (or gets) a right on the history.
+CREATE FUNCTION @extschema@._rl_policy_record() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    who text := coalesce(nullif(current_setting('role'), 'none'), session_user::text);
+    object text;
+    item jsonb;
+BEGIN
+    IF TG_RELID = '@extschema@.rl_policy'::regclass THEN
+        object := 'policy';
+    ELSIF TG_RELID = '@extschema@.rl_override'::regclass THEN
+        object := 'override';
+    ELSE
+        RAISE EXCEPTION '_rl_policy_record is a trigger of rl_policy and rl_override only'
+            USING ERRCODE = 'trigger_protocol_violated';
+    END IF;
+    IF TG_OP = 'TRUNCATE' THEN
+        -- Before the truncate the rows are still there: record each.
+        FOR item IN EXECUTE format('SELECT to_jsonb(t) FROM %s t', TG_RELID::regclass) LOOP
+            INSERT INTO @extschema@.rl_policy_history (role, action, object, name, subject, old)
+            VALUES (who, 'TRUNCATE', object, coalesce(item ->> 'name', item ->> 'policy'),
+                    item ->> 'subject', item);
+        END LOOP;
+        RETURN NULL;
+    END IF;
+    item := CASE WHEN TG_OP = 'DELETE' THEN to_jsonb(OLD) ELSE to_jsonb(NEW) END;
+    -- A row of a restore: it comes back before its history, which records it already.
+    IF TG_OP = 'INSERT' AND @extschema@._rl_history_restored(
+           object || ':' || coalesce(item ->> 'name', item ->> 'policy') || ':'
+           || coalesce(item ->> 'subject', '') || ':' || (item ->> 'version'), false) THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO @extschema@.rl_policy_history (role, action, object, name, subject, old, new)
+    VALUES (who, TG_OP, object, coalesce(item ->> 'name', item ->> 'policy'), item ->> 'subject',
+            CASE WHEN TG_OP <> 'INSERT' THEN to_jsonb(OLD) END,
+            CASE WHEN TG_OP <> 'DELETE' THEN to_jsonb(NEW) END);
+    RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION @extschema@._rl_policy_record() FROM PUBLIC;
+
+--
+-- The triggers of the tables: versions, cache invalidation, history.
+--
+
+-- Sets a policy's version: a new one on insert (see _rl_inserted_version for a row that
+-- brings one) and whenever algorithm, capacity, refill or time zone change; otherwise the old one,
+-- whatever the statement said. Refuses an algorithm change that its 'limit' overrides
+-- could not follow; warns when a 'local' policy has no local bucket to fall back on.
+-- SECURITY DEFINER so that policy administrators need no right on the sequence.
+CREATE FUNCTION @extschema@._rl_policy_set_version() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_RELID <> '@extschema@.rl_policy'::regclass THEN
+        RAISE EXCEPTION '_rl_policy_set_version is a trigger of rl_policy only'
+            USING ERRCODE = 'trigger_protocol_violated';
+    END IF;
+    IF NEW.fail_mode = 'local' AND (TG_OP = 'INSERT' OR OLD.fail_mode <> 'local')
+       AND NOT @extschema@._rl_local_available() THEN
+        RAISE WARNING 'policy "%" falls back to closed, not local, while Redis cannot answer', NEW.name
+            USING DETAIL = 'Local fallback buckets live in shared memory: ratelimit is not in shared_preload_libraries.',
+                  HINT = 'Add ratelimit to shared_preload_libraries and restart the server.';
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        NEW.version := @extschema@._rl_inserted_version('policy', NEW.name, NULL, to_jsonb(NEW));
+    ELSIF (NEW.algorithm, NEW.capacity, NEW.refill_amount, NEW.refill_period, NEW.time_zone)
+          IS DISTINCT FROM (OLD.algorithm, OLD.capacity, OLD.refill_amount, OLD.refill_period, OLD.time_zone) THEN
+        IF NEW.algorithm <> OLD.algorithm AND EXISTS (
+            SELECT FROM @extschema@.rl_override o WHERE o.policy = OLD.name AND o.action = 'limit') THEN
+            RAISE EXCEPTION 'policy "%" has limit overrides that only fit algorithm "%"', OLD.name, OLD.algorithm
+                USING ERRCODE = 'check_violation', CONSTRAINT = 'rl_override_algorithm_check',
+                      HINT = 'Delete or change its overrides with action ''limit'' first.';
+        END IF;
+        NEW.version := nextval('@extschema@.rl_policy_version_seq');
+    ELSE
+        NEW.version := OLD.version;
+    END IF;
+    RETURN NEW;
+END
+$$;
+REVOKE ALL ON FUNCTION @extschema@._rl_policy_set_version() FROM PUBLIC;
+
+-- Checks an override against its policy's algorithm and sets its version: a new one on
+-- insert and whenever action, capacity or refill change, otherwise the old one.
+CREATE FUNCTION @extschema@._rl_override_set_version() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    algorithm text;
+BEGIN
+    IF TG_RELID <> '@extschema@.rl_override'::regclass THEN
+        RAISE EXCEPTION '_rl_override_set_version is a trigger of rl_override only'
+            USING ERRCODE = 'trigger_protocol_violated';
+    END IF;
+    -- FOR SHARE: an algorithm change of the policy waits for this override, or this for it.
+    SELECT p.algorithm INTO algorithm FROM @extschema@.rl_policy p WHERE p.name = NEW.policy FOR SHARE;
+    -- (An unknown policy is left to the foreign key, which says so.)
+    -- (A limit without a capacity is left to rl_override_action_fields_check.)
+    IF NEW.action = 'limit' AND algorithm IN ('token_bucket', 'gcra') AND NEW.capacity IS NOT NULL
+       AND NEW.refill_amount IS NULL THEN
+        RAISE EXCEPTION 'a limit override of % policy "%" needs capacity, refill_amount and refill_period', algorithm, NEW.policy
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'rl_override_algorithm_check';
+    END IF;
+    IF NEW.action = 'limit' AND algorithm = 'gcra'
+       AND NOT @extschema@._rl_window_is_exact('gcra', NEW.capacity, NEW.refill_amount, NEW.refill_period) THEN
+        RAISE EXCEPTION 'a limit override of gcra policy "%" is outside what gcra holds exactly', NEW.policy
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'rl_override_algorithm_check',
+                  DETAIL = 'With g = gcd(refill_amount, refill_period in ms), refill_amount / g must be at most 512 and capacity * period_ms / g below 2^52.';
+    END IF;
+    IF NEW.action = 'limit' AND algorithm NOT IN ('token_bucket', 'gcra') AND NEW.refill_amount IS NOT NULL THEN
+        RAISE EXCEPTION '% policy "%" has no refill: a limit override sets only its capacity', algorithm, NEW.policy
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'rl_override_algorithm_check';
+    END IF;
+    IF NEW.action = 'limit' AND NOT @extschema@._rl_window_is_exact(algorithm, NEW.capacity, NULL,
+            (SELECT p.refill_period FROM @extschema@.rl_policy p WHERE p.name = NEW.policy))
+       AND algorithm IN ('sliding_window', 'sliding_log') THEN
+        RAISE EXCEPTION 'a limit override of % policy "%" is outside its bounds', algorithm, NEW.policy
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'rl_override_algorithm_check',
+                  DETAIL = 'A sliding log holds at most 10,000 tokens; a sliding window''s capacity * window_ms stays below 2^51.';
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        NEW.version := @extschema@._rl_inserted_version('override', NEW.policy, NEW.subject, to_jsonb(NEW));
+    ELSIF (NEW.policy, NEW.subject, NEW.action, NEW.capacity, NEW.refill_amount, NEW.refill_period)
+          IS DISTINCT FROM (OLD.policy, OLD.subject, OLD.action, OLD.capacity, OLD.refill_amount, OLD.refill_period) THEN
+        NEW.version := nextval('@extschema@.rl_policy_version_seq');
+    ELSE
+        NEW.version := OLD.version;
+    END IF;
+    RETURN NEW;
+END
+$$;
+REVOKE ALL ON FUNCTION @extschema@._rl_override_set_version() FROM PUBLIC;
+
+-- Tells every backend to drop its cached policies when the transaction commits.
+CREATE FUNCTION @extschema@._rl_policy_invalidate() RETURNS trigger
+AS 'MODULE_PATHNAME', 'rl_policy_invalidate' LANGUAGE C;
+-- Nobody may attach the trigger functions to a table of their own.
+REVOKE ALL ON FUNCTION @extschema@._rl_policy_invalidate() FROM PUBLIC;
+
+CREATE TRIGGER rl_policy_set_version
+    BEFORE INSERT OR UPDATE ON @extschema@.rl_policy
+    FOR EACH ROW EXECUTE FUNCTION @extschema@._rl_policy_set_version();
+CREATE TRIGGER rl_policy_invalidate
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON @extschema@.rl_policy
+    FOR EACH STATEMENT EXECUTE FUNCTION @extschema@._rl_policy_invalidate();
+CREATE TRIGGER rl_policy_record
+    AFTER INSERT OR UPDATE OR DELETE ON @extschema@.rl_policy
+    FOR EACH ROW EXECUTE FUNCTION @extschema@._rl_policy_record();
+CREATE TRIGGER rl_policy_record_truncate
+    BEFORE TRUNCATE ON @extschema@.rl_policy
+    FOR EACH STATEMENT EXECUTE FUNCTION @extschema@._rl_policy_record();
+
+CREATE TRIGGER rl_override_set_version
+    BEFORE INSERT OR UPDATE ON @extschema@.rl_override
+    FOR EACH ROW EXECUTE FUNCTION @extschema@._rl_override_set_version();
+CREATE TRIGGER rl_override_invalidate
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON @extschema@.rl_override
+    FOR EACH STATEMENT EXECUTE FUNCTION @extschema@._rl_policy_invalidate();
+CREATE TRIGGER rl_override_record
+    AFTER INSERT OR UPDATE OR DELETE ON @extschema@.rl_override
+    FOR EACH ROW EXECUTE FUNCTION @extschema@._rl_policy_record();
+CREATE TRIGGER rl_override_record_truncate
+    BEFORE TRUNCATE ON @extschema@.rl_override
+    FOR EACH STATEMENT EXECUTE FUNCTION @extschema@._rl_policy_record();
+
+-- pg_dump keeps the user's policies, overrides, history and the counters.
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.rl_policy', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.rl_policy_version_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.rl_policy_history', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.rl_policy_history_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.rl_override', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.rl_installation_seq', '');
+
+-- Defines or changes a policy in words close to the requirement:
+--   SELECT rl_define('api.write', 120, per => '1 minute', burst => 200, fail_mode => 'closed');
+--   SELECT rl_define('reports.export', 1000, per => '1 month', algorithm => 'fixed_window',
+--                    time_zone => 'Europe/Berlin');
+-- amount tokens per `per`: refilled continuously for 'token_bucket' (the default) and
+-- 'gcra', with bursts of `burst` (default: amount); at most amount in each window of `per`
+-- for 'fixed_window', 'sliding_window' and 'sliding_log' (no burst). On a change, arguments
+-- left NULL keep their value. The table's constraints check it like any INSERT or UPDATE,
+-- and the caller needs the same rights on rl_policy.
+CREATE FUNCTION @extschema@.rl_define(name text, amount bigint, per interval,
+                                      burst bigint DEFAULT NULL, fail_mode text DEFAULT NULL,
+                                      idle_ttl interval DEFAULT NULL,
+                                      local_share numeric DEFAULT NULL,
+                                      algorithm text DEFAULT 'token_bucket',
+                                      time_zone text DEFAULT NULL)
+RETURNS @extschema@.rl_policy
+LANGUAGE sql
+BEGIN ATOMIC
+    INSERT INTO @extschema@.rl_policy AS p
+        (name, algorithm, capacity, refill_amount, refill_period, idle_ttl, fail_mode, local_share,
+         time_zone)
+    VALUES (rl_define.name, rl_define.algorithm, coalesce(rl_define.burst, rl_define.amount),
+            CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra'])
+                 THEN rl_define.amount END,
+            rl_define.per, rl_define.idle_ttl,
+            coalesce(rl_define.fail_mode, 'closed'), coalesce(rl_define.local_share, 1),
+            coalesce(rl_define.time_zone, 'UTC'))
+    ON CONFLICT (name) DO UPDATE
+    SET algorithm = rl_define.algorithm,
+        capacity = coalesce(rl_define.burst, rl_define.amount),
+        refill_amount = CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra'])
+                             THEN rl_define.amount END,
+        refill_period = rl_define.per,
+        idle_ttl = CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) p.algorithm
+                        THEN coalesce(rl_define.idle_ttl, p.idle_ttl) ELSE rl_define.idle_ttl END,
+        fail_mode = coalesce(rl_define.fail_mode, p.fail_mode),
+        local_share = coalesce(rl_define.local_share, p.local_share),
+        time_zone = coalesce(rl_define.time_zone, CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) 'fixed_window'
+                                                      THEN p.time_zone ELSE 'UTC' END)
+    RETURNING *;
+END;
+
+--
+-- Decisions. Spending budget is a privilege: the owner grants each function to the roles
+-- that need it.
+--
+
+CREATE TYPE @extschema@.rl_decision AS (
+    allowed        boolean,
+    remaining      bigint,
+    capacity       bigint,
+    retry_after_ms bigint,
+    reset_after_ms bigint,
+    policy         text,
+    version        integer,
+    source         text
+);
+
+CREATE FUNCTION @extschema@.rl_consume(policy text, subject text, cost bigint DEFAULT 1)
+RETURNS @extschema@.rl_decision
+AS 'MODULE_PATHNAME', 'rl_consume' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+REVOKE ALL ON FUNCTION @extschema@.rl_consume(text, text, bigint) FROM PUBLIC;
+COMMENT ON FUNCTION @extschema@.rl_consume(text, text, bigint) IS
+    'take cost tokens from the subject''s bucket if they are all there; returns the decision';
+
+CREATE FUNCTION @extschema@.rl_enforce(policy text, subject text, cost bigint DEFAULT 1)
+RETURNS @extschema@.rl_decision
+AS 'MODULE_PATHNAME', 'rl_enforce' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+REVOKE ALL ON FUNCTION @extschema@.rl_enforce(text, text, bigint) FROM PUBLIC;
+COMMENT ON FUNCTION @extschema@.rl_enforce(text, text, bigint) IS
+    'like rl_consume, but a denial raises SQLSTATE RL429';
+
+CREATE FUNCTION @extschema@.rl_reserve(policy text, subject text, cost bigint DEFAULT 1)
+RETURNS @extschema@.rl_decision
+AS 'MODULE_PATHNAME', 'rl_reserve' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+REVOKE ALL ON FUNCTION @extschema@.rl_reserve(text, text, bigint) FROM PUBLIC;
+COMMENT ON FUNCTION @extschema@.rl_reserve(text, text, bigint) IS
+    'like rl_consume, but the tokens come back if the transaction or savepoint rolls back: for writes that stay in the transaction, never for reads or exports whose effect leaves it';
+
+CREATE FUNCTION @extschema@.rl_peek(policy text, subject text, cost bigint DEFAULT 1)
+RETURNS @extschema@.rl_decision
+AS 'MODULE_PATHNAME', 'rl_peek' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+REVOKE ALL ON FUNCTION @extschema@.rl_peek(text, text, bigint) FROM PUBLIC;
+COMMENT ON FUNCTION @extschema@.rl_peek(text, text, bigint) IS
+    'the decision rl_consume would make, taking nothing';
+
+CREATE FUNCTION @extschema@.rl_refund(policy text, subject text, amount bigint)
+RETURNS @extschema@.rl_decision
+AS 'MODULE_PATHNAME', 'rl_refund' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+REVOKE ALL ON FUNCTION @extschema@.rl_refund(text, text, bigint) FROM PUBLIC;
+COMMENT ON FUNCTION @extschema@.rl_refund(text, text, bigint) IS
+    'give tokens back to the subject''s bucket, never above capacity';
+
+CREATE FUNCTION @extschema@.rl_reset(policy text, subject text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'rl_reset' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+REVOKE ALL ON FUNCTION @extschema@.rl_reset(text, text) FROM PUBLIC;
+COMMENT ON FUNCTION @extschema@.rl_reset(text, text) IS
+    'make the subject''s bucket full again; false when Redis could not answer';
+
+CREATE FUNCTION @extschema@.rl_consume_all(policies text[], subjects text[], costs bigint[] DEFAULT NULL)
+RETURNS SETOF @extschema@.rl_decision
+AS 'MODULE_PATHNAME', 'rl_consume_all' LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 2;
+REVOKE ALL ON FUNCTION @extschema@.rl_consume_all(text[], text[], bigint[]) FROM PUBLIC;
+COMMENT ON FUNCTION @extschema@.rl_consume_all(text[], text[], bigint[]) IS
+    'several checks in one atomic step: all granted or none charged; subjects share a hash tag';
+
+CREATE FUNCTION @extschema@.rl_limit_trigger() RETURNS trigger
+AS 'MODULE_PATHNAME', 'rl_limit_trigger' LANGUAGE C;
+REVOKE ALL ON FUNCTION @extschema@.rl_limit_trigger() FROM PUBLIC;
+COMMENT ON FUNCTION @extschema@.rl_limit_trigger() IS
+    'trigger: charge a policy per row written (or once per subject for a statement), raise when denied';
+
+--
+-- Leases of concurrency policies.
+--
+
+CREATE FUNCTION @extschema@.rl_acquire(policy text, subject text, scope text DEFAULT 'transaction')
+RETURNS @extschema@.rl_decision
+AS 'MODULE_PATHNAME', 'rl_acquire' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+REVOKE ALL ON FUNCTION @extschema@.rl_acquire(text, text, text) FROM PUBLIC;
+COMMENT ON FUNCTION @extschema@.rl_acquire(text, text, text) IS
+    'take one lease of a concurrency policy, released when the transaction (or session) ends';
+
+CREATE FUNCTION @extschema@.rl_release(policy text, subject text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'rl_release' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+REVOKE ALL ON FUNCTION @extschema@.rl_release(text, text) FROM PUBLIC;
+COMMENT ON FUNCTION @extschema@.rl_release(text, text) IS
+    'give back the latest lease this session holds for the policy and subject';
+
+--
+-- HTTP.
+--
+
+-- RateLimit-Policy and RateLimit (IETF draft revision 10), Retry-After when denied; legacy
+-- => true gives RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset instead of the two
+-- structured fields. PARALLEL UNSAFE: it may load the policy cache, which needs the latest
+-- snapshot.
+CREATE FUNCTION @extschema@.rl_headers(decision @extschema@.rl_decision, legacy boolean DEFAULT false)
+RETURNS jsonb
+AS 'MODULE_PATHNAME', 'rl_headers' LANGUAGE C STABLE PARALLEL UNSAFE;
+REVOKE ALL ON FUNCTION @extschema@.rl_headers(@extschema@.rl_decision, boolean) FROM PUBLIC;
+COMMENT ON FUNCTION @extschema@.rl_headers(@extschema@.rl_decision, boolean) IS
+    'the HTTP response headers (name => string value) that tell a client about a decision';
+
+-- For PostgREST: adds the decision's headers to response.headers (kept for this
+-- transaction) and returns the decision.
+CREATE FUNCTION @extschema@.rl_response_headers(decision @extschema@.rl_decision, legacy boolean DEFAULT false)
+RETURNS @extschema@.rl_decision
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    current jsonb := coalesce(nullif(current_setting('response.headers', true), ''), '[]')::jsonb;
+BEGIN
+    PERFORM set_config('response.headers',
+                       (current || coalesce((SELECT jsonb_agg(jsonb_build_object(key, value))
+                                             FROM jsonb_each(@extschema@.rl_headers(decision, legacy))),
+                                            '[]'))::text,
+                       true);
+    RETURN decision;
+END
+$$;
+REVOKE ALL ON FUNCTION @extschema@.rl_response_headers(@extschema@.rl_decision, boolean) FROM PUBLIC;
+COMMENT ON FUNCTION @extschema@.rl_response_headers(@extschema@.rl_decision, boolean) IS
+    'PostgREST: add the decision''s headers to response.headers, return the decision';
+
+--
+-- Watching the limiter: health and counters hold no subject; pg_monitor may read them.
+--
+
+-- A row per Redis node with a breaker (one, unless Redis is a cluster: then each master):
+-- reachable or not (since when), the breaker, the local buckets, the last error (what and
+-- when), the node, the slots it owns. Without shared_preload_libraries it is this
+-- session's own view (shared = false).
+CREATE FUNCTION @extschema@.rl_health(
+    OUT redis_reachable boolean,
+    OUT since timestamptz,
+    OUT breaker text,
+    OUT retry_in_ms bigint,
+    OUT last_error text,
+    OUT local_buckets_in_use integer,
+    OUT local_buckets integer,
+    OUT shared boolean,
+    OUT last_error_at timestamptz,
+    OUT node text,
+    OUT slots integer)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'rl_health' LANGUAGE C VOLATILE PARALLEL RESTRICTED;
+REVOKE ALL ON FUNCTION @extschema@.rl_health() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.rl_health() TO pg_monitor;
+
+-- Per-policy counters kept in shared memory since the last reset (needs preload): the
+-- function behind the view rl_stats.
+CREATE FUNCTION @extschema@._rl_stats_read(
+    OUT policy text,
+    OUT decisions bigint,
+    OUT allowed bigint,
+    OUT denied bigint,
+    OUT tokens_granted bigint,
+    OUT shadow_denials bigint,
+    OUT source_redis bigint,
+    OUT source_local bigint,
+    OUT source_fail_open bigint,
+    OUT source_fail_closed bigint,
+    OUT source_override bigint,
+    OUT source_disabled bigint,
+    OUT redis_calls bigint,
+    OUT redis_errors jsonb,
+    OUT latency_p50_ms double precision,
+    OUT latency_p99_ms double precision,
+    OUT latency_max_ms double precision,
+    OUT latency_histogram jsonb,
+    OUT stats_reset timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'rl_stats_read' LANGUAGE C VOLATILE PARALLEL RESTRICTED;
+REVOKE ALL ON FUNCTION @extschema@._rl_stats_read() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@._rl_stats_read() TO pg_monitor;
+
+CREATE VIEW @extschema@.rl_stats AS SELECT * FROM @extschema@._rl_stats_read();
+REVOKE ALL ON @extschema@.rl_stats FROM PUBLIC;
+GRANT SELECT ON @extschema@.rl_stats TO pg_monitor;
+COMMENT ON VIEW @extschema@.rl_stats IS
+    'per-policy decision counters and Redis latency of this server since the last reset; never a subject';
+
+CREATE FUNCTION @extschema@.rl_stats_reset() RETURNS void
+AS 'MODULE_PATHNAME', 'rl_stats_reset' LANGUAGE C VOLATILE PARALLEL RESTRICTED;
+REVOKE ALL ON FUNCTION @extschema@.rl_stats_reset() FROM PUBLIC;
+COMMENT ON FUNCTION @extschema@.rl_stats_reset() IS
+    'set every rl_stats counter of this database (and the shared "(other)" row) to zero';
+
+-- The one-way hash the decision log writes for a subject, to find a subject's lines.
+CREATE FUNCTION @extschema@.rl_subject_hash(subject text) RETURNS text
+AS 'MODULE_PATHNAME', 'rl_subject_hash' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+REVOKE ALL ON FUNCTION @extschema@.rl_subject_hash(text) FROM PUBLIC;
+COMMENT ON FUNCTION @extschema@.rl_subject_hash(text) IS
+    'the keyed hash that stands for a subject in the decision log';

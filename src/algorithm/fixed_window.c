@@ -1,0 +1,159 @@
+/*
+ * fixed_window.c
+ *	  The fixed window: at most `capacity` tokens per window (window.c says
+ *	  where windows start and end). Each window counts in a key of its own,
+ *	  one integer that lives until the window ends; a new window starts at 0.
+ *	  The window is chosen here and Redis is told how long it has left, so the
+ *	  scripts need no clock: one INCRBY decides most calls. Keep
+ *	  fixed_window_apply and lua/fixed_window/ step for step alike.
+ */
+#include "prelude.h"
+
+#include "algorithm/fixed_window.h"
+#include "base/clock.h"
+#include "algorithm/window.h"
+#include "scripts.h"
+
+static const LuaScript take_script = LUA_SCRIPT("fixed_window/take_one",
+												script_fixed_window_take_one);
+static const LuaScript peek_script = LUA_SCRIPT("fixed_window/peek", script_fixed_window_peek);
+static const LuaScript refund_script = LUA_SCRIPT("fixed_window/refund",
+												  script_fixed_window_refund);
+
+/* The key and the 4 numbers of a check at at_ms: capacity, cost, ms left in the window, TTL. */
+static void
+fixed_window_part(const BucketParams *params, const char *key, int64 cost, int64 at_ms,
+				  LimitCall *part)
+{
+	LimitWindow window;
+	int64		left;
+
+	window_at(params, at_ms, &window);
+	left = Max(window.end_ms - at_ms, 0);
+	part->keys[0] = window_key(key, window.start_ms);
+	part->nkeys = 1;
+	part->nargs = 4;
+	part->args[0] = window_number(params->capacity);
+	part->args[1] = window_number(cost);
+	part->args[2] = window_number(left);
+	part->args[3] = window_number(left + WINDOW_KEY_MARGIN_MS);
+}
+
+/* A call of mode's script; a refund goes to the window of at_ms (its take's). */
+static void
+fixed_window_call(const BucketParams *params, BucketMode mode, const char *key, int64 cost,
+				  int64 at_ms, const char *refund_mark, LimitCall *call)
+{
+	fixed_window_part(params, key, cost, at_ms, call);
+	call->script = mode == BUCKET_PEEK ? &peek_script :
+		mode == BUCKET_REFUND ? &refund_script : &take_script;
+	if (refund_mark != NULL)
+		call->keys[call->nkeys++] = refund_mark;
+}
+
+/* rl_reset forgets the window now counting. */
+static int
+fixed_window_reset_keys(const BucketParams *params, const char *key, int64 at_ms,
+						const char **keys)
+{
+	LimitWindow window;
+
+	window_at(params, at_ms, &window);
+	keys[0] = window_key(key, window.start_ms);
+	return 1;
+}
+
+static void
+fixed_window_state_new(const BucketParams *params, BucketState *state, int64 now_ms)
+{
+	LimitWindow window;
+
+	window_at(params, now_ms, &window);
+	memset(state, 0, sizeof(*state));
+	state->last_ms = window.start_ms;
+}
+
+/*
+ * Decides cost at now_ms. The count belongs to the window starting at
+ * last_ms: a later window starts at 0. One slot holds one window, so a clock
+ * that steps back into an earlier window keeps counting in the later one
+ * (denying more, never granting more; Redis would count in the earlier
+ * window's own key). A refund with now_ms in an earlier window than the
+ * count's gives nothing back: its window is over.
+ */
+static void
+fixed_window_apply(const BucketParams *params, BucketState *state, int64 now_ms, int64 cost,
+				   BucketMode mode, BucketResult *result)
+{
+	LimitWindow window;
+	int64		count;
+	int64		left;
+
+	window_at(params, now_ms, &window);
+	left = window.end_ms - now_ms;
+	count = state->last_ms >= window.start_ms ? state->level : 0;
+	result->allowed = true;
+	result->retry_after_ms = 0;
+	if (mode == BUCKET_REFUND)
+		count = state->last_ms == window.start_ms ? Max(count - cost, 0) : count;
+	else if (count + cost <= params->capacity)
+	{
+		if (mode == BUCKET_TAKE)
+			count += cost;
+	}
+	else
+	{
+		result->allowed = false;
+		result->retry_after_ms = left;
+	}
+	if (result->allowed && mode != BUCKET_PEEK)
+	{
+		state->level = count;
+		state->last_ms = Max(state->last_ms, window.start_ms);
+	}
+	result->remaining = Max(params->capacity - count, 0);
+	result->reset_after_ms = count > 0 ? left : 0;
+}
+
+/* A count of an earlier window, or of none, is forgotten at no loss. */
+static bool
+fixed_window_is_idle(const BucketParams *params, const BucketState *state, int64 now_ms)
+{
+	LimitWindow window;
+
+	window_at(params, now_ms, &window);
+	return state->level == 0 || state->last_ms < window.start_ms;
+}
+
+static void
+fixed_window_state_holding(const BucketParams *params, BucketState *state, int64 now_ms,
+						   int64 tokens)
+{
+	LimitWindow window;
+
+	window_at(params, now_ms, &window);
+	state->level = params->capacity - Min(tokens, params->capacity);
+	state->last_ms = window.start_ms;
+}
+
+/* The window now counting (a calendar month: this one). */
+static int64
+fixed_window_full_ms(const BucketParams *params)
+{
+	LimitWindow window;
+
+	window_at(params, clock_now_ms(), &window);
+	return window.end_ms - window.start_ms;
+}
+
+const LimitOps fixed_window_ops = {
+	.tag = 3,
+	.call = fixed_window_call,
+	.group_part = fixed_window_part,
+	.reset_keys = fixed_window_reset_keys,
+	.state_new = fixed_window_state_new,
+	.apply = fixed_window_apply,
+	.is_idle = fixed_window_is_idle,
+	.state_holding = fixed_window_state_holding,
+	.full_ms = fixed_window_full_ms,
+};

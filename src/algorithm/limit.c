@@ -1,0 +1,139 @@
+/*
+ * limit.c
+ *	  The algorithms side by side: their names, the parameters a policy row
+ *	  gives each (and the bounds that keep them exact), and the dispatch to
+ *	  each one's C model and scripts. The group script (rl_consume_all)
+ *	  decides checks of every algorithm in one atomic step.
+ */
+#include "prelude.h"
+
+#include "algorithm/fixed_window.h"
+#include "algorithm/gcra.h"
+#include "algorithm/sliding_log.h"
+#include "algorithm/sliding_window.h"
+#include "algorithm/token_bucket.h"
+#include "algorithm/window.h"
+#include "scripts.h"
+
+static const LuaScript group_script = LUA_SCRIPT("group", script_group);
+
+/* The algorithm column's values, as the table's constraint allows them. */
+static const char *const names[] = {
+	[ALGORITHM_TOKEN_BUCKET] = "token_bucket",
+	[ALGORITHM_CONCURRENCY] = "concurrency",
+	[ALGORITHM_GCRA] = "gcra",
+	[ALGORITHM_FIXED_WINDOW] = "fixed_window",
+	[ALGORITHM_SLIDING_WINDOW] = "sliding_window",
+	[ALGORITHM_SLIDING_LOG] = "sliding_log",
+};
+
+/* The algorithm named so (the table allows no others: unknown reads as a token bucket). */
+Algorithm
+limit_algorithm(const char *name)
+{
+	for (int i = 0; i < (int) lengthof(names); i++)
+		if (strcmp(names[i], name) == 0)
+			return (Algorithm) i;
+	return ALGORITHM_TOKEN_BUCKET;
+}
+
+const char *
+limit_algorithm_name(Algorithm algorithm)
+{
+	return names[algorithm];
+}
+
+/* True for the algorithms that refill continuously (refill_amount per refill_period). */
+bool
+limit_refills(Algorithm algorithm)
+{
+	return algorithm == ALGORITHM_TOKEN_BUCKET || algorithm == ALGORITHM_GCRA;
+}
+
+/*
+ * Fills params from a policy row's limits: capacity, and a refill (refilling
+ * algorithms) or a window (window algorithms: period, no refill_amount).
+ * idle_ttl_ms 0 means the algorithm's own TTL. Returns false when the row is
+ * outside the bounds that keep the scripts exact (the table's constraints
+ * reject such rows: this is a safety net).
+ */
+bool
+limit_params_init(BucketParams *params, Algorithm algorithm, int64 capacity,
+				  int64 refill_amount, const Interval *period, int64 idle_ttl_ms,
+				  const char *time_zone)
+{
+	int64		period_ms = 0;
+
+	memset(params, 0, sizeof(*params));
+	if (period != NULL && period->month == 0)
+		period_ms = (int64) period->day * SECS_PER_DAY * 1000 + period->time / 1000;
+	switch (algorithm)
+	{
+		case ALGORITHM_TOKEN_BUCKET:
+			return bucket_params_init(params, capacity, refill_amount, period_ms, idle_ttl_ms);
+		case ALGORITHM_GCRA:
+			return gcra_params_init(params, capacity, refill_amount, period_ms, idle_ttl_ms);
+		case ALGORITHM_CONCURRENCY:
+			params->algorithm = algorithm;
+			params->capacity = capacity;
+			params->ttl_ms = idle_ttl_ms;
+			return capacity > 0 && capacity < BUCKET_EXACT_LIMIT &&
+				idle_ttl_ms > 0 && idle_ttl_ms <= BUCKET_MAX_TTL_MS;
+		case ALGORITHM_FIXED_WINDOW:
+		case ALGORITHM_SLIDING_WINDOW:
+		case ALGORITHM_SLIDING_LOG:
+			break;
+	}
+	params->algorithm = algorithm;
+	params->capacity = capacity;
+	if (period == NULL || capacity <= 0 || capacity >= BUCKET_EXACT_LIMIT)
+		return false;
+	if (algorithm == ALGORITHM_FIXED_WINDOW)
+	{
+		params->calendar = window_calendar(period->month, period->day, period->time);
+		strlcpy(params->time_zone, time_zone != NULL ? time_zone : "UTC", LIMIT_ZONE_LEN);
+		if (params->calendar != CALENDAR_NONE)
+			return true;
+	}
+	params->window_ms = period_ms;
+	if (period->month != 0 || period_ms <= 0 || period_ms > BUCKET_MAX_TTL_MS)
+		return false;
+	if (algorithm == ALGORITHM_SLIDING_WINDOW)
+		return capacity <= (BUCKET_EXACT_LIMIT / 4 - 1) / period_ms;
+	if (algorithm == ALGORITHM_SLIDING_LOG)
+		return capacity <= SLIDING_LOG_MAX_CAPACITY;
+	return true;
+}
+
+/* The C model and scripts of params' algorithm. */
+const LimitOps *
+limit_ops(const BucketParams *params)
+{
+	switch (params->algorithm)
+	{
+		case ALGORITHM_GCRA:
+			return &gcra_ops;
+		case ALGORITHM_FIXED_WINDOW:
+			return &fixed_window_ops;
+		case ALGORITHM_SLIDING_WINDOW:
+			return &sliding_window_ops;
+		case ALGORITHM_SLIDING_LOG:
+			return &sliding_log_ops;
+		case ALGORITHM_TOKEN_BUCKET:
+		case ALGORITHM_CONCURRENCY:
+			break;
+	}
+	Assert(params->algorithm == ALGORITHM_TOKEN_BUCKET);
+	return &token_bucket_ops;
+}
+
+/*
+ * The group script: KEYS every check's keys, ARGV the clock then, per check,
+ * its algorithm's tag (LimitOps.tag) and its numbers; all granted or none
+ * charged, 4 numbers answered per check.
+ */
+const LuaScript *
+limit_group_script(void)
+{
+	return &group_script;
+}

@@ -1,0 +1,152 @@
+/*
+ * limit.h
+ *	  What every rate-limit algorithm shares: the parameters a policy gives
+ *	  it, the state of one subject's limit, what a call does and answers, and
+ *	  the dispatch to each algorithm's C model and Redis scripts (limit.c).
+ */
+#ifndef RL_LIMIT_H
+#define RL_LIMIT_H
+
+#include "datatype/timestamp.h"
+
+#include "base/script.h"
+
+/* Largest integer every value of the scripts' math must stay below (Lua numbers are doubles). */
+#define BUCKET_EXACT_LIMIT (INT64CONST(1) << 53)
+/* Longest idle TTL (about 142,000 years): now + TTL stays below BUCKET_EXACT_LIMIT. */
+#define BUCKET_MAX_TTL_MS (INT64CONST(1) << 52)
+
+/* The algorithm column. */
+typedef enum Algorithm
+{
+	ALGORITHM_TOKEN_BUCKET,
+	ALGORITHM_CONCURRENCY,
+	ALGORITHM_GCRA,
+	ALGORITHM_FIXED_WINDOW,
+	ALGORITHM_SLIDING_WINDOW,
+	ALGORITHM_SLIDING_LOG
+} Algorithm;
+
+/* A window that starts at a calendar boundary in the policy's time zone, or none. */
+typedef enum WindowCalendar
+{
+	CALENDAR_NONE,				/* aligned to the epoch */
+	CALENDAR_SECOND,
+	CALENDAR_MINUTE,
+	CALENDAR_HOUR,
+	CALENDAR_DAY,
+	CALENDAR_WEEK,
+	CALENDAR_MONTH,
+	CALENDAR_YEAR
+} WindowCalendar;
+
+/* Longest time zone name a policy may give (the table's constraint says the same). */
+#define LIMIT_ZONE_LEN 64
+
+/*
+ * One limit's parameters. Refilling algorithms (token bucket, GCRA): one token
+ * is `unit` units and one millisecond adds `rate` units, from refill_amount /
+ * refill_period reduced by their gcd, so refill is exact. Window algorithms:
+ * at most `capacity` per window of window_ms (or per calendar unit).
+ */
+typedef struct BucketParams
+{
+	Algorithm	algorithm;
+	int64		capacity;		/* tokens */
+	int64		unit;			/* units per token (refilling algorithms) */
+	int64		rate;			/* units added per millisecond (refilling algorithms) */
+	int64		capacity_units; /* capacity * unit */
+	int64		ttl_ms;			/* idle TTL of the Redis key (0: the algorithm's own) */
+	int64		window_ms;		/* window algorithms: the window, when not a calendar unit */
+	WindowCalendar calendar;
+	char		time_zone[LIMIT_ZONE_LEN];	/* a calendar window's zone */
+} BucketParams;
+
+/*
+ * One subject's stored state, as the C models keep it (local fallback): the
+ * token bucket's level (units) and time of last write; GCRA's theoretical
+ * arrival time (level, in units: ms * rate); a window's count (level), its
+ * start (last_ms) and the previous window's count (previous).
+ */
+typedef struct BucketState
+{
+	int64		level;
+	int64		last_ms;
+	int64		previous;
+} BucketState;
+
+/* What a call does to a limit: one script each. */
+typedef enum BucketMode
+{
+	BUCKET_TAKE,				/* take cost tokens if they are all there */
+	BUCKET_PEEK,				/* the same decision, nothing taken */
+	BUCKET_REFUND				/* give cost tokens back, never above capacity */
+} BucketMode;
+
+/* What a call answers: the script's reply. */
+typedef struct BucketResult
+{
+	bool		allowed;
+	int64		remaining;		/* whole tokens */
+	int64		retry_after_ms;
+	int64		reset_after_ms;
+} BucketResult;
+
+/* A window: [start_ms, end_ms). */
+typedef struct LimitWindow
+{
+	int64		start_ms;
+	int64		end_ms;
+} LimitWindow;
+
+/* Most keys and numbers one check sends (a sliding window: two keys). */
+#define LIMIT_MAX_KEYS 3
+#define LIMIT_MAX_ARGS 8
+
+/* One check's script, keys and numbers: one call of its own, or one part of a group. */
+typedef struct LimitCall
+{
+	const LuaScript *script;
+	int			nkeys;
+	const char *keys[LIMIT_MAX_KEYS];
+	int			nargs;			/* after the clock */
+	const char *args[LIMIT_MAX_ARGS];
+} LimitCall;
+
+/*
+ * One algorithm: its C model (the local fallback decides with it) and how a
+ * check of it is sent to Redis. Each algorithm's file defines one; limit.c
+ * dispatches to them.
+ */
+typedef struct LimitOps
+{
+	int			tag;			/* the group script's number for this algorithm */
+	/* A call of its own (mode's script); key is the subject's base key. */
+	void		(*call) (const BucketParams *params, BucketMode mode, const char *key,
+						 int64 cost, int64 at_ms, const char *refund_mark, LimitCall *call);
+	/* Its keys and numbers in the group script (after its tag). */
+	void		(*group_part) (const BucketParams *params, const char *key, int64 cost,
+							   int64 at_ms, LimitCall *part);
+	/* The keys rl_reset deletes; returns how many. */
+	int			(*reset_keys) (const BucketParams *params, const char *key, int64 at_ms,
+							   const char **keys);
+	void		(*state_new) (const BucketParams *params, BucketState *state, int64 now_ms);
+	void		(*apply) (const BucketParams *params, BucketState *state, int64 now_ms,
+						  int64 cost, BucketMode mode, BucketResult *result);
+	bool		(*is_idle) (const BucketParams *params, const BucketState *state, int64 now_ms);
+	/* A state that holds tokens (a local bucket whose parameters changed). */
+	void		(*state_holding) (const BucketParams *params, BucketState *state,
+								  int64 now_ms, int64 tokens);
+	int64		(*full_ms) (const BucketParams *params);	/* empty to full, at most */
+} LimitOps;
+
+extern Algorithm limit_algorithm(const char *name);
+extern const char *limit_algorithm_name(Algorithm algorithm);
+extern bool limit_refills(Algorithm algorithm);
+extern bool limit_params_init(BucketParams *params, Algorithm algorithm, int64 capacity,
+							  int64 refill_amount, const Interval *period,
+							  int64 idle_ttl_ms, const char *time_zone);
+extern const LimitOps *limit_ops(const BucketParams *params);
+extern const LuaScript *limit_group_script(void);
+
+#endif							/* RL_LIMIT_H */

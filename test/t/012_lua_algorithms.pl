@@ -1,0 +1,361 @@
+#!/usr/bin/perl
+#
+# Model tests for the scripts of gcra, fixed_window, sliding_window and sliding_log, run
+# directly in a private redis-server with an injected clock (ARGV[1] = now in ms): one
+# long random (time, cost) sequence per algorithm, with the clock stepping back now and
+# then, through its take script and, on a twin key, through the group script
+# (rl_consume_all) with one check; every answer is compared with a reference model in
+# Perl. For gcra the model is redis-cell's CL.THROTTLE algorithm (limit = capacity)
+# transcribed in exact rationals: the answers must be redis-cell's, in milliseconds.
+# Hand-worked values, the stored encodings and TTLs, peeks that write nothing, refunds,
+# and corrupt state are checked too.
+#
+# RL_SEED=<n> prove -v test/t/012_lua_algorithms.pl  repeats it with another seed.
+
+use strict;
+use warnings;
+
+use FindBin;
+use Math::BigRat;
+use POSIX qw(ceil floor);
+use Test::More;
+
+use lib $FindBin::Bin;
+use RateLimitTest;
+
+my $redis = redis_start(name => 'algorithms');
+my $compose = "$FindBin::Bin/../../dev/lua-script";
+my $T0 = 1_800_000_000_000;
+my $seed = $ENV{RL_SEED} // 14;
+srand($seed);
+note("seed $seed");
+
+# Loads lua/<name>.lua as the build composes it; returns its SHA1.
+my %sha;
+sub load_script
+{
+	my ($name) = @_;
+	my $body = `"$compose" "$FindBin::Bin/../../lua/$name.lua"`;
+	die "cannot compose $name" if $? != 0;
+	my $path = sprintf('%s/script_%d.lua', PostgreSQL::Test::Utils::tempdir(), scalar(keys %sha));
+	open my $fh, '>', $path or die $!;
+	print $fh $body;
+	close $fh;
+	my $sha = `redis-cli -p $redis->{port} -x SCRIPT LOAD < "$path"`;
+	chomp $sha;
+	die "SCRIPT LOAD $name failed: $sha" unless $sha =~ /^[0-9a-f]{40}$/;
+	return $sha{$name} = $sha;
+}
+
+# One script call: the reply's lines.
+sub run
+{
+	my ($name, @args) = @_;
+	my @lines = split /\n/, `redis-cli -p $redis->{port} EVALSHA $sha{$name} @{[ map { $_ eq '' ? '""' : $_ } @args ]} 2>&1`;
+	return \@lines;
+}
+
+sub reply { return '{' . join(', ', @{ $_[0] }) . '}' }
+
+load_script($_) for qw(gcra/take_one gcra/peek gcra/refund fixed_window/take_one fixed_window/peek
+  fixed_window/refund sliding_window/take sliding_window/peek sliding_window/refund
+  sliding_log/take sliding_log/peek sliding_log/refund group);
+
+sub gcd { my ($a, $b) = @_; ($a, $b) = ($b, $a % $b) while $b; return $a }
+
+#
+# GCRA: redis-cell's algorithm, in exact rationals (ms).
+#
+sub cell_step
+{
+	my ($state, $now, $quantity, $limit, $amount, $period) = @_;
+	my $T = Math::BigRat->new("$period/$amount");
+	my $dvt = $T * $limit;
+	my $increment = $T * $quantity;
+	my $n = Math::BigRat->new($now);
+	my $tat = defined $state->{tat} ? $state->{tat} : $n->copy;
+	my $new_tat = ($n > $tat ? $n->copy : $tat->copy) + $increment;
+	my $allow_at = $new_tat - $dvt;
+	my $diff = $n - $allow_at;
+	my ($allowed, $ttl, $retry);
+	if ($diff < 0)
+	{
+		($allowed, $ttl, $retry) = (0, $tat - $n, -$diff);
+	}
+	else
+	{
+		($allowed, $ttl, $retry) = (1, $new_tat - $n, Math::BigRat->new(0));
+		$state->{tat} = $new_tat;
+	}
+	my $next = $dvt - $ttl;
+	my $remaining = $next > -$T ? ($next / $T)->as_int->numify : 0;
+	$remaining = 0 if $remaining < 0;
+	$ttl = Math::BigRat->new(0) if $ttl < 0;
+	return [ $allowed, $remaining, $retry->copy->bceil->numify, $ttl->copy->bceil->numify ];
+}
+
+sub gcra_args
+{
+	my ($now, $cost, $cap, $amount, $period, $ttl) = @_;
+	my $g = gcd($amount, $period);
+	my ($unit, $rate) = ($period / $g, $amount / $g);
+	return ($now, $cap * $unit, $rate, $unit, $cost, $ttl // 0);
+}
+
+subtest 'gcra: hand-worked values (5 per 5 s, capacity 5)' => sub {
+	my @a = (5, 1, 1000);
+	is(reply(run('gcra/take_one', 1, 'g:hand', gcra_args($T0, 2, @a))), '{1, 3, 0, 2000}', 'take 2: 3 left, TAT 2 s ahead');
+	is(reply(run('gcra/take_one', 1, 'g:hand', gcra_args($T0, 4, @a))), '{0, 3, 1000, 2000}', 'take 4: wait 1 s');
+	is(reply(run('gcra/peek', 1, 'g:hand', gcra_args($T0 + 1000, 4, @a))), '{1, 4, 0, 1000}', 'a peek 1 s later: 4 would fit');
+	is(reply(run('gcra/take_one', 1, 'g:hand', gcra_args($T0 + 1000, 4, @a))), '{1, 0, 0, 5000}', 'and the take does');
+	my $value = $redis->cli('GET', 'g:hand');
+	is($value, $T0 + 6000, 'the one number stored: the TAT in units (rate 1: ms)');
+	is($redis->cli('OBJECT', 'ENCODING', 'g:hand'), 'int', 'stored as an integer');
+	my $pttl = $redis->cli('PTTL', 'g:hand');
+	ok($pttl > 4000 && $pttl <= 5000, "it lives until the TAT ($pttl ms)");
+	is(reply(run('gcra/refund', 1, 'g:hand', gcra_args($T0 + 1000, 3, @a))), '{1, 3, 0, 2000}', 'a refund of 3');
+	is(reply(run('gcra/refund', 1, 'g:hand', gcra_args($T0 + 1000, 5, @a))), '{1, 5, 0, 0}', 'never beyond full');
+	is($redis->cli('EXISTS', 'g:hand'), '0', 'a TAT at now is no state at all: deleted');
+	$redis->cli('SET', 'g:bad', 'x1');
+	like(reply(run('gcra/take_one', 1, 'g:bad', gcra_args($T0, 1, @a))), qr/corrupt/, 'a corrupt TAT is an error');
+};
+
+subtest 'gcra: a long sequence equals redis-cell, through take_one and the group script' => sub {
+	for my $p ([ 7, 3, 1000 ], [ 10, 120, 60000 ], [ 1, 1, 250 ], [ 100, 7, 3 ])
+	{
+		my ($cap, $amount, $period) = @$p;
+		my %state;
+		my $now = $T0;
+		my ($same, $grants, $denials) = (0, 0, 0);
+		my $steps = 300;
+		for my $i (1 .. $steps)
+		{
+			$now += int(rand(1.4 * $period / $amount * 2)) - int($period / $amount / 3);
+			my $cost = 1 + int(rand($cap));
+			my $want = cell_step(\%state, $now, $cost, $cap, $amount, $period);
+			# A TTL of an hour: the injected clock runs slower than Redis's own, which expires keys.
+			my @args = gcra_args($now, $cost, $cap, $amount, $period, 3_600_000);
+			my $one = reply(run('gcra/take_one', 1, "g:seq:$cap", @args));
+			my $group = reply(run('group', 1, "g:grp:$cap", $args[0], 2, @args[1 .. 5]));
+			$same++ if $one eq reply($want) && $group eq $one;
+			diag("step $i at $now cost $cost: take_one $one group $group redis-cell " . reply($want))
+			  if $one ne reply($want) || $group ne $one;
+			$want->[0] ? $grants++ : $denials++;
+		}
+		is($same, $steps, "C=$cap, $amount per $period ms: all $steps answers are redis-cell's ($grants grants, $denials denials)");
+	}
+};
+
+#
+# fixed_window: a count per window, PostgreSQL naming the window's key.
+#
+sub fixed_args
+{
+	my ($now, $cost, $cap, $w, $prefix) = @_;
+	my $start = $now - $now % $w;
+	my $left = $start + $w - $now;
+	return (($prefix // 'f') . ":{s}:w$start", '', $cap, $cost, $left, $left + 1000);
+}
+
+subtest 'fixed_window: hand-worked values, encoding, TTL, peek, refund' => sub {
+	my @k = fixed_args($T0 + 250, 2, 3, 1000);
+	is(reply(run('fixed_window/take_one', 1, @k)), '{1, 1, 0, 750}', 'take 2 of 3: 750 ms left in the window');
+	is($redis->cli('OBJECT', 'ENCODING', $k[0]), 'int', 'the count is an integer');
+	my $pttl = $redis->cli('PTTL', $k[0]);
+	ok($pttl > 1500 && $pttl <= 1750, "the key outlives the window by a second ($pttl ms)");
+	@k = fixed_args($T0 + 500, 2, 3, 1000);
+	is(reply(run('fixed_window/take_one', 1, @k)), '{0, 1, 500, 500}', 'take 2 more: denied until the window ends');
+	is($redis->cli('GET', $k[0]), '2', 'a denial leaves the count');
+	is(reply(run('fixed_window/peek', 1, @k[0 .. 2], 1, @k[4, 5])), '{1, 1, 0, 500}', 'a peek of 1 would be granted');
+	is($redis->cli('GET', $k[0]), '2', 'and writes nothing');
+	is(reply(run('fixed_window/refund', 1, @k[0 .. 2], 5, @k[4, 5])), '{1, 3, 0, 0}', 'a refund never goes below 0');
+	is($redis->cli('EXISTS', $k[0]), '0', 'a count of 0 is no state at all');
+	my @n = fixed_args($T0 + 1000, 3, 3, 1000);
+	isnt($n[0], $k[0], 'the next window counts in a key of its own');
+	is(reply(run('fixed_window/take_one', 1, @n)), '{1, 0, 0, 1000}', 'and starts at 0');
+	$redis->cli('SET', 'f:bad', 'many');
+	like(reply(run('fixed_window/take_one', 1, 'f:bad', '', 3, 1, 10, 10)), qr/corrupt/, 'a corrupt count is an error');
+	$redis->cli('HSET', 'f:hash', 'a', 1);
+	like(reply(run('fixed_window/take_one', 1, 'f:hash', '', 3, 1, 10, 10)), qr/corrupt/, 'so is another type');
+	like(reply(run('fixed_window/take_one', 1, 'f:x', '', 3, 1, 10)), qr/called with 4 arguments, not 5/, 'arguments are counted');
+};
+
+# The count windows of a model: start -> count.
+sub window_model
+{
+	my ($counts, $now, $cost, $cap, $w) = @_;
+	my $start = $now - $now % $w;
+	my $left = $start + $w - $now;
+	my $c = $counts->{$start} // 0;
+	if ($c + $cost <= $cap)
+	{
+		$counts->{$start} = $c + $cost;
+		return [ 1, $cap - $c - $cost, 0, $left ];
+	}
+	return [ 0, $cap - $c, $left, $c > 0 ? $left : 0 ];
+}
+
+subtest 'fixed_window: a long sequence equals the model, through take_one and the group script' => sub {
+	my (%counts, $same);
+	my $now = $T0;
+	my $steps = 300;
+	for my $i (1 .. $steps)
+	{
+		$now += int(rand(400)) - 100;
+		my $cost = 1 + int(rand(4));
+		my $want = reply(window_model(\%counts, $now, $cost, 5, 1000));
+		my @k = fixed_args($now, $cost, 5, 1000, 'f:seq');
+		my $one = reply(run('fixed_window/take_one', 1, @k));
+		my $group = reply(run('group', 1, "g$k[0]", $k[1], 3, @k[2 .. 5]));
+		$same++ if $one eq $want && $group eq $one;
+		diag("step $i: take_one $one group $group model $want") if $one ne $want || $group ne $one;
+	}
+	is($same, $steps, "all $steps answers are the model's");
+};
+
+#
+# sliding_window: the previous window weighted by its overlap (Cloudflare's counter).
+#
+sub sliding_args
+{
+	my ($now, $cost, $cap, $w, $prefix) = @_;
+	my $start = $now - $now % $w;
+	my $elapsed = $now - $start;
+	my $left = $w - $elapsed;
+	return (2, "$prefix:w$start", "$prefix:w" . ($start - $w), '', $cap, $cost, $w, $elapsed, $left,
+		$left + $w + 1000);
+}
+
+sub sliding_model
+{
+	my ($counts, $now, $cost, $cap, $w) = @_;
+	my $start = $now - $now % $w;
+	my ($e, $left) = ($now - $start, $w - ($now - $start));
+	my $cur = $counts->{$start} // 0;
+	my $prev = $counts->{ $start - $w } // 0;
+	my ($allowed, $retry) = (0, 0);
+	if ($prev * ($w - $e) + ($cur + $cost) * $w <= $cap * $w)
+	{
+		$allowed = 1;
+		$cur += $cost;
+		$counts->{$start} = $cur;
+	}
+	elsif ($cap - $cur - $cost >= 0)
+	{
+		$retry = $w - floor(($cap - $cur - $cost) * $w / $prev) - $e;
+	}
+	else
+	{
+		$retry = $left + $w - floor(($cap - $cost) * $w / $cur);
+	}
+	my $used = $prev * ($w - $e) + $cur * $w;
+	my $remaining = $used >= $cap * $w ? 0 : floor(($cap * $w - $used) / $w);
+	my $reset = $cur > 0 ? $left + $w : $prev > 0 ? $left : 0;
+	return [ $allowed, $remaining, $retry, $reset ];
+}
+
+subtest 'sliding_window: hand-worked values' => sub {
+	# 4 per 10 s: 4 taken 2 s into a window; 5 s into the next they weigh 2.
+	is(reply(run('sliding_window/take', sliding_args($T0 + 2000, 4, 4, 10000, 's:h'))),
+		'{1, 0, 0, 18000}', 'take 4: none left, weighing until the next window ends');
+	is(reply(run('sliding_window/take', sliding_args($T0 + 15000, 3, 4, 10000, 's:h'))),
+		'{0, 2, 2500, 5000}', 'take 3, 5 s into the next: 2 fit now, 3 once the 4 weigh 1 (2.5 s); all gone in 5 s');
+	is(reply(run('sliding_window/take', sliding_args($T0 + 15000, 2, 4, 10000, 's:h'))),
+		'{1, 0, 0, 15000}', 'take 2: granted');
+	is(reply(run('sliding_window/peek', sliding_args($T0 + 17500, 1, 4, 10000, 's:h'))),
+		'{1, 1, 0, 12500}', 'a peek 2.5 s later: one more would fit');
+};
+
+subtest 'sliding_window: a long sequence equals the model, through take and the group script' => sub {
+	my (%counts, $same);
+	my $now = $T0;
+	my $steps = 300;
+	for my $i (1 .. $steps)
+	{
+		$now += int(rand(3000)) - 300;
+		my $cost = 1 + int(rand(5));
+		my $want = reply(sliding_model(\%counts, $now, $cost, 8, 5000));
+		my @k = sliding_args($now, $cost, 8, 5000, 's:seq');
+		my $one = reply(run('sliding_window/take', @k));
+		my @g = sliding_args($now, $cost, 8, 5000, 's:grp');
+		my $group = reply(run('group', 2, @g[1, 2], $g[3], 4, @g[4 .. 9]));
+		$same++ if $one eq $want && $group eq $one;
+		diag("step $i: take $one group $group model $want") if $one ne $want || $group ne $one;
+	}
+	is($same, $steps, "all $steps answers are the model's");
+};
+
+#
+# sliding_log: exact, a timestamp per token.
+#
+sub log_model
+{
+	my ($log, $now, $cost, $cap, $w) = @_;
+	my @in = grep { $_ > $now - $w } @$log;
+	my ($allowed, $retry) = (0, 0);
+	if (@in + $cost <= $cap)
+	{
+		$allowed = 1;
+		push @in, ($now) x $cost;
+		@$log = @in;
+	}
+	else
+	{
+		my @all = sort { $a <=> $b } @in;
+		$retry = $all[ @in + $cost - $cap - 1 ] + $w - $now;
+	}
+	my @sorted = sort { $a <=> $b } @in;
+	my $reset = @sorted ? $sorted[-1] + $w - $now : 0;
+	return [ $allowed, $cap - @in > 0 ? $cap - @in : 0, $retry, $reset ];
+}
+
+subtest 'sliding_log: hand-worked values, members, TTL, peek, refund' => sub {
+	is(reply(run('sliding_log/take', 1, 'l:h', $T0, 3, 2, 10000)), '{1, 1, 0, 10000}', 'take 2 of 3');
+	is(reply(run('sliding_log/take', 1, 'l:h', $T0 + 4000, 3, 1, 10000)), '{1, 0, 0, 10000}', 'take 1 4 s later');
+	is(reply(run('sliding_log/take', 1, 'l:h', $T0 + 4000, 3, 1, 10000)), '{0, 0, 6000, 10000}',
+		'one more: when the first leaves the window');
+	is($redis->cli('ZCARD', 'l:h'), '3', 'a member per token');
+	is(reply(run('sliding_log/peek', 1, 'l:h', $T0 + 10000, 3, 3, 10000)), '{0, 2, 4000, 4000}',
+		'at 10 s two have left: 3 would wait 4 s more');
+	is(reply(run('sliding_log/refund', 1, 'l:h', $T0 + 10000, 3, 1, 10000)), '{1, 3, 0, 0}',
+		'a refund takes out the youngest');
+	is($redis->cli('ZCARD', 'l:h'), '0', 'and the log is trimmed to the window');
+	run('sliding_log/take', 1, 'l:h', $T0 + 10000, 3, 3, 10000);
+	my $pttl = $redis->cli('PTTL', 'l:h');
+	ok($pttl > 9000 && $pttl <= 10000, "the log lives a window after its last write ($pttl ms)");
+};
+
+subtest 'sliding_log: a long sequence equals the model, through take and the group script' => sub {
+	my (@log, $same);
+	my $now = $T0;
+	my $steps = 300;
+	for my $i (1 .. $steps)
+	{
+		$now += int(rand(900)) - 150;
+		my $cost = 1 + int(rand(3));
+		my $want = reply(log_model(\@log, $now, $cost, 6, 3000));
+		my $one = reply(run('sliding_log/take', 1, 'l:seq', $now, 6, $cost, 3000));
+		my $group = reply(run('group', 1, 'l:grp', $now, 5, 6, $cost, 3000));
+		$same++ if $one eq $want && $group eq $one;
+		diag("step $i at $now cost $cost: take $one group $group model $want") if $one ne $want || $group ne $one;
+	}
+	is($same, $steps, "all $steps answers are the model's");
+	cmp_ok($redis->cli('ZCARD', 'l:seq'), '<=', 6 + 6, 'the log holds no more than its window needs');
+};
+
+subtest 'the group script: mixed algorithms, all or none' => sub {
+	my @f = fixed_args($T0, 2, 2, 60000);
+	my @s = sliding_args($T0, 1, 5, 60000, 'mix:s');
+	my @args = ($T0, 2, (gcra_args($T0, 1, 5, 1, 1000))[1 .. 5], 3, @f[2 .. 5], 4, @s[4 .. 9], 5, 3, 1, 60000);
+	my $keys = [ 'mix:g', $f[0], @s[1, 2], 'mix:l' ];
+	is(reply(run('group', 5, @$keys, @args)), '{1, 4, 0, 1000, 1, 0, 0, 60000, 1, 4, 0, 120000, 1, 2, 0, 60000}',
+		'four algorithms granted together');
+	is(reply(run('group', 5, @$keys, @args)),
+		'{0, 4, 0, 1000, 0, 0, 60000, 60000, 0, 4, 0, 120000, 0, 2, 0, 60000}',
+		'the fixed window is spent: nothing is charged, its wait is said');
+	is($redis->cli('ZCARD', 'mix:l'), '1', 'the log kept one member');
+	like(reply(run('group', 1, 'mix:x', $T0, 9, 1, 2, 3)), qr/do not match its keys/, 'an unknown tag is refused');
+};
+
+$redis->stop;
+done_testing();
