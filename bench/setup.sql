@@ -9,6 +9,11 @@ CREATE EXTENSION ratelimit;
 INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, idle_ttl) VALUES
     ('bench.wide', 1000000, 1000000, '1 minute', '10 minutes'),
     ('bench.hot',  1000000, 1000000, '1 minute', '10 minutes');
+-- The same limits as GCRA (the same idle TTL, so that keys stay as long) and as a fixed
+-- window of an hour: what Redis pays per decision of each, under pgbench.
+INSERT INTO rl_policy (name, algorithm, capacity, refill_amount, refill_period, idle_ttl) VALUES
+    ('bench.gcra', 'gcra', 1000000, 1000000, '1 minute', '10 minutes'),
+    ('bench.fixed', 'fixed_window', 1000000, NULL, '1 hour', NULL);
 
 -- The baseline: the same token bucket as a user would write it without the extension,
 -- one row per subject in a logged table, locked, refilled pro rata and updated.

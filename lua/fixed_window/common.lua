@@ -44,8 +44,7 @@ function FIXED_WINDOW.refund(s, e)
 end
 
 function FIXED_WINDOW.may(s)
-  may_write('SET', s.key, '0', 'PX', 1)
-  may_write('DEL', s.key)
+  may_write_count(s.key)
 end
 
 function FIXED_WINDOW.ttl(s)
@@ -53,11 +52,7 @@ function FIXED_WINDOW.ttl(s)
 end
 
 function FIXED_WINDOW.write(s)
-  if s.count > 0 then
-    call('SET', s.key, string.format('%d', s.count), 'PX', s.ttl)
-  else
-    call('DEL', s.key)
-  end
+  write_count(s.key, s.count, s.ttl)
 end
 
 function FIXED_WINDOW.answer(s)

@@ -62,8 +62,7 @@ function GCRA.refund(s, e)
 end
 
 function GCRA.may(s)
-  may_write('SET', s.key, '0', 'PX', 1)
-  may_write('DEL', s.key)
+  may_write_count(s.key)
 end
 
 -- Until the TAT (or the policy's idle_ttl, if longer); a TAT at now is no state at all.

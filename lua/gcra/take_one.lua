@@ -1,7 +1,7 @@
 -- gcra/take_one.lua: rl_consume's take of one GCRA key, gcra/common.lua inlined (composed
--- after lib.lua only): one GET, one SET when granted, since one Redis core serves every
--- server that shares the budget. The same arguments, answers and state as the group
--- script's GCRA checks (test/t/012 runs both).
+-- after lib.lua only): one GET, one SET when granted, and as few Lua steps as exactness
+-- allows, since one Redis core serves every server that shares the budget. The same
+-- arguments, answers and state as the group script's GCRA checks (test/t/012 runs both).
 -- KEYS[1]  the arrival time
 -- ARGV     "now" in ms for tests (empty: Redis TIME), tolerance (capacity units), rate
 --          (units per ms), unit (units per token), cost in tokens, TTL in ms (0: the TAT)
@@ -9,19 +9,27 @@
 if #ARGV ~= 6 then
   return expect_args(6)
 end
+local floor = math.floor
 local key = KEYS[1]
 local tolerance = tonumber(ARGV[2])
 local rate = tonumber(ARGV[3])
 local unit = tonumber(ARGV[4])
 local cost = tonumber(ARGV[5]) * unit
-local now = now_ms(ARGV[1])
-if not is_exact(now) then
+local now
+if ARGV[1] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
+else
+  now = tonumber(ARGV[1])
+end
+-- A whole number of ms, and now * rate + tolerance + cost exact (below 2^53).
+if not (now and now >= 0 and now == floor(now)) then
   error({err = 'ERR ratelimit clock is not a whole number of ms'})
 end
-if now * rate > EXACT_MAX - tolerance - cost then
+now = now * rate
+if now > EXACT_MAX - tolerance - cost then
   error({err = 'ERR ratelimit clock is beyond what gcra holds exactly'})
 end
-now = now * rate
 local tat = now
 local value = redis.pcall('GET', key)
 if value then
@@ -29,7 +37,7 @@ if value then
     raise(value, 'GET')
   end
   local stored = tonumber(value)
-  if not is_exact(stored) then
+  if not (stored and stored >= 0 and stored <= EXACT_MAX and stored == floor(stored)) then
     error({err = 'ERR ratelimit bucket state is corrupt'})
   end
   if stored > now then
@@ -40,17 +48,20 @@ local allowed, retry = 0, 0
 if tat + cost - now <= tolerance then
   allowed = 1
   tat = tat + cost
-  local px = ceil_div(tat - now, rate)
-  local ttl = tonumber(ARGV[6])
-  if ttl > px then
-    px = ttl
+end
+local ahead = tat - now
+local reset = ceil_div(ahead, rate)
+if allowed == 1 then
+  local px = tonumber(ARGV[6])
+  if reset > px then
+    px = reset
   end
   call('SET', key, string.format('%d', tat), 'PX', px)
 else
-  retry = ceil_div(tat + cost - tolerance - now, rate)
+  retry = ceil_div(ahead + cost - tolerance, rate)
 end
 local remaining = 0
-if tat - now < tolerance then
-  remaining = floor_div(tolerance - (tat - now), unit)
+if ahead < tolerance then
+  remaining = floor_div(tolerance - ahead, unit)
 end
-return {allowed, remaining, retry, ceil_div(tat - now, rate)}
+return {allowed, remaining, retry, reset}

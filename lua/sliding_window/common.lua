@@ -59,8 +59,7 @@ function SLIDING_WINDOW.refund(s, e)
 end
 
 function SLIDING_WINDOW.may(s)
-  may_write('SET', s.key, '0', 'PX', 1)
-  may_write('DEL', s.key)
+  may_write_count(s.key)
 end
 
 function SLIDING_WINDOW.ttl(s)
@@ -68,11 +67,7 @@ function SLIDING_WINDOW.ttl(s)
 end
 
 function SLIDING_WINDOW.write(s)
-  if s.count > 0 then
-    call('SET', s.key, string.format('%d', s.count), 'PX', s.ttl)
-  else
-    call('DEL', s.key)
-  end
+  write_count(s.key, s.count, s.ttl)
 end
 
 function SLIDING_WINDOW.answer(s)

@@ -12,7 +12,8 @@
 
 static const LuaScript acquire_script = LUA_SCRIPT("concurrency/acquire", script_concurrency_acquire);
 static const LuaScript release_script = LUA_SCRIPT("concurrency/release", script_concurrency_release);
-static const LuaScript peek_script = LUA_SCRIPT("concurrency/peek", script_concurrency_peek);
+static const LuaScript peek_script_plain = LUA_SCRIPT("concurrency/peek", script_concurrency_peek_plain);
+static const LuaScript peek_script = LUA_PEEK_SCRIPT("concurrency/peek", script_concurrency_peek, &peek_script_plain);
 
 /*
  * The script of operation. Each takes KEYS[1] the lease set and

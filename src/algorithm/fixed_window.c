@@ -16,7 +16,8 @@
 
 static const LuaScript take_script = LUA_SCRIPT("fixed_window/take_one",
 												script_fixed_window_take_one);
-static const LuaScript peek_script = LUA_SCRIPT("fixed_window/peek", script_fixed_window_peek);
+static const LuaScript peek_script_plain = LUA_SCRIPT("fixed_window/peek", script_fixed_window_peek_plain);
+static const LuaScript peek_script = LUA_PEEK_SCRIPT("fixed_window/peek", script_fixed_window_peek, &peek_script_plain);
 static const LuaScript refund_script = LUA_SCRIPT("fixed_window/refund",
 												  script_fixed_window_refund);
 

@@ -18,7 +18,8 @@
 #include "scripts.h"
 
 static const LuaScript take_script = LUA_SCRIPT("gcra/take_one", script_gcra_take_one);
-static const LuaScript peek_script = LUA_SCRIPT("gcra/peek", script_gcra_peek);
+static const LuaScript peek_script_plain = LUA_SCRIPT("gcra/peek", script_gcra_peek_plain);
+static const LuaScript peek_script = LUA_PEEK_SCRIPT("gcra/peek", script_gcra_peek, &peek_script_plain);
 static const LuaScript refund_script = LUA_SCRIPT("gcra/refund", script_gcra_refund);
 
 /*
@@ -51,31 +52,11 @@ static void
 gcra_call(const BucketParams *params, BucketMode mode, const char *key, int64 cost,
 		  int64 at_ms, const char *refund_mark, LimitCall *call)
 {
+	token_bucket_group_part(params, key, cost, at_ms, call);
 	call->script = mode == BUCKET_PEEK ? &peek_script :
 		mode == BUCKET_REFUND ? &refund_script : &take_script;
-	call->keys[0] = key;
-	call->nkeys = 1;
 	if (refund_mark != NULL)
 		call->keys[call->nkeys++] = refund_mark;
-	call->nargs = TOKEN_BUCKET_ARGS;
-	token_bucket_args(params, cost, call->args);
-}
-
-static void
-gcra_group_part(const BucketParams *params, const char *key, int64 cost, int64 at_ms,
-				LimitCall *part)
-{
-	part->keys[0] = key;
-	part->nkeys = 1;
-	part->nargs = TOKEN_BUCKET_ARGS;
-	token_bucket_args(params, cost, part->args);
-}
-
-static int
-gcra_reset_keys(const BucketParams *params, const char *key, int64 at_ms, const char **keys)
-{
-	keys[0] = key;
-	return 1;
 }
 
 /* No arrival time yet: anything at or before now means the same. */
@@ -138,8 +119,8 @@ gcra_state_holding(const BucketParams *params, BucketState *state, int64 now_ms,
 const LimitOps gcra_ops = {
 	.tag = 2,
 	.call = gcra_call,
-	.group_part = gcra_group_part,
-	.reset_keys = gcra_reset_keys,
+	.group_part = token_bucket_group_part,
+	.reset_keys = token_bucket_reset_keys,
 	.state_new = gcra_state_new,
 	.apply = gcra_apply,
 	.is_idle = gcra_is_idle,

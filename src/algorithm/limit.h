@@ -62,17 +62,22 @@ typedef struct BucketParams
 	char		time_zone[LIMIT_ZONE_LEN];	/* a calendar window's zone */
 } BucketParams;
 
+/* The most tokens a sliding log kept in C (a local fallback slot) holds: one time each. */
+#define LIMIT_LOG_TOKENS 8
+
 /*
  * One subject's stored state, as the C models keep it (local fallback): the
  * token bucket's level (units) and time of last write; GCRA's theoretical
  * arrival time (level, in units: ms * rate); a window's count (level), its
- * start (last_ms) and the previous window's count (previous).
+ * start (last_ms) and the previous window's count (previous); a sliding
+ * log's entries (level of them, oldest first, in log).
  */
 typedef struct BucketState
 {
 	int64		level;
 	int64		last_ms;
 	int64		previous;
+	int64		log[LIMIT_LOG_TOKENS];
 } BucketState;
 
 /* What a call does to a limit: one script each. */

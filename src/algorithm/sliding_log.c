@@ -6,10 +6,12 @@
  *	  plus its cost, are at most the capacity. Exact for any window, at the
  *	  price of memory per token: capacity is bounded (SLIDING_LOG_MAX_CAPACITY).
  *
- *	  A log does not fit a slot of fixed size in shared memory, so its local
- *	  fallback (policy.c) is a fixed window of the same length holding half
- *	  the local capacity: any window of that length overlaps at most two fixed
- *	  ones, so the fallback never grants more than the log would allow.
+ *	  In C (the local fallback) a log of at most LIMIT_LOG_TOKENS tokens is
+ *	  kept in the slot, step for step as the scripts keep theirs (a test runs
+ *	  one sequence through both). A longer log does not fit a slot of fixed
+ *	  size, so its local fallback (policy.c) is a fixed window of the same
+ *	  length holding half the local capacity: any window of that length
+ *	  overlaps at most two fixed ones, so it never grants more than the log.
  */
 #include "prelude.h"
 
@@ -18,7 +20,8 @@
 #include "scripts.h"
 
 static const LuaScript take_script = LUA_SCRIPT("sliding_log/take", script_sliding_log_take);
-static const LuaScript peek_script = LUA_SCRIPT("sliding_log/peek", script_sliding_log_peek);
+static const LuaScript peek_script_plain = LUA_SCRIPT("sliding_log/peek", script_sliding_log_peek_plain);
+static const LuaScript peek_script = LUA_PEEK_SCRIPT("sliding_log/peek", script_sliding_log_peek, &peek_script_plain);
 static const LuaScript refund_script = LUA_SCRIPT("sliding_log/refund", script_sliding_log_refund);
 
 /* The log's key and its 3 numbers: capacity, cost, window. */
@@ -60,11 +63,104 @@ sliding_log_full_ms(const BucketParams *params)
 	return params->window_ms;
 }
 
-/* Only Redis keeps logs: the local fallback is a fixed window (see above). */
+static void
+sliding_log_state_new(const BucketParams *params, BucketState *state, int64 now_ms)
+{
+	memset(state, 0, sizeof(*state));
+}
+
+/* Drops the entries no younger than the window: those at or before now - window. */
+static void
+log_trim(const BucketParams *params, BucketState *state, int64 now_ms)
+{
+	int			old = 0;
+
+	while (old < state->level && state->log[old] <= now_ms - params->window_ms)
+		old++;
+	memmove(state->log, state->log + old, (state->level - old) * sizeof(int64));
+	state->level -= old;
+}
+
+/* Adds count entries at now_ms, keeping them oldest first (a clock that stepped back left younger ones). */
+static void
+log_add(BucketState *state, int64 now_ms, int64 count)
+{
+	int			at = (int) state->level;
+
+	while (at > 0 && state->log[at - 1] > now_ms)
+		at--;
+	memmove(state->log + at + count, state->log + at, (state->level - at) * sizeof(int64));
+	for (int i = 0; i < count; i++)
+		state->log[at + i] = now_ms;
+	state->level += count;
+}
+
+/*
+ * Decides cost at now_ms as lua/sliding_log/ does: allowed when the entries
+ * younger than the window plus cost are at most the capacity (at most
+ * LIMIT_LOG_TOKENS); a denial waits for the oldest entries in the way; a
+ * refund takes out the youngest.
+ */
+static void
+sliding_log_apply(const BucketParams *params, BucketState *state, int64 now_ms, int64 cost,
+				  BucketMode mode, BucketResult *result)
+{
+	BucketState log = *state;
+	int64		held;
+
+	Assert(params->capacity <= LIMIT_LOG_TOKENS);
+	log_trim(params, &log, now_ms);
+	result->allowed = true;
+	result->retry_after_ms = 0;
+	if (mode == BUCKET_REFUND)
+		log.level -= Min(cost, log.level);
+	else if (log.level + cost <= params->capacity)
+	{
+		if (mode == BUCKET_TAKE)
+			log_add(&log, now_ms, cost);
+	}
+	else
+	{
+		result->allowed = false;
+		result->retry_after_ms = log.log[log.level + cost - params->capacity - 1] +
+			params->window_ms - now_ms;
+	}
+	if (result->allowed && mode != BUCKET_PEEK)
+		*state = log;
+	held = log.level;
+	result->remaining = Max(params->capacity - held, 0);
+	result->reset_after_ms = held > 0 ? log.log[held - 1] + params->window_ms - now_ms : 0;
+}
+
+/* A log with no entry in the window is forgotten at no loss. */
+static bool
+sliding_log_is_idle(const BucketParams *params, const BucketState *state, int64 now_ms)
+{
+	return state->level == 0 ||
+		state->log[state->level - 1] <= now_ms - params->window_ms;
+}
+
+/* A log holding tokens: the entries used, all at now (the most a new log could count). */
+static void
+sliding_log_state_holding(const BucketParams *params, BucketState *state, int64 now_ms,
+						  int64 tokens)
+{
+	memset(state, 0, sizeof(*state));
+	log_add(state, now_ms, params->capacity - Min(tokens, params->capacity));
+}
+
+/*
+ * Redis keeps logs of up to SLIDING_LOG_MAX_CAPACITY tokens; the C model holds
+ * at most LIMIT_LOG_TOKENS (a longer one's local fallback is a fixed window).
+ */
 const LimitOps sliding_log_ops = {
 	.tag = 5,
 	.call = sliding_log_call,
 	.group_part = sliding_log_part,
 	.reset_keys = sliding_log_reset_keys,
+	.state_new = sliding_log_state_new,
+	.apply = sliding_log_apply,
+	.is_idle = sliding_log_is_idle,
+	.state_holding = sliding_log_state_holding,
 	.full_ms = sliding_log_full_ms,
 };

@@ -20,7 +20,8 @@
 #include "scripts.h"
 
 static const LuaScript take_script = LUA_SCRIPT("sliding_window/take", script_sliding_window_take);
-static const LuaScript peek_script = LUA_SCRIPT("sliding_window/peek", script_sliding_window_peek);
+static const LuaScript peek_script_plain = LUA_SCRIPT("sliding_window/peek", script_sliding_window_peek_plain);
+static const LuaScript peek_script = LUA_PEEK_SCRIPT("sliding_window/peek", script_sliding_window_peek, &peek_script_plain);
 static const LuaScript refund_script = LUA_SCRIPT("sliding_window/refund",
 												  script_sliding_window_refund);
 

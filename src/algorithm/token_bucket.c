@@ -17,8 +17,20 @@
 
 static const LuaScript take_one_script = LUA_SCRIPT("token_bucket/take_one",
 													script_token_bucket_take_one);
-static const LuaScript peek_script = LUA_SCRIPT("token_bucket/peek", script_token_bucket_peek);
+static const LuaScript peek_script_plain = LUA_SCRIPT("token_bucket/peek", script_token_bucket_peek_plain);
+static const LuaScript peek_script = LUA_PEEK_SCRIPT("token_bucket/peek", script_token_bucket_peek, &peek_script_plain);
 static const LuaScript refund_script = LUA_SCRIPT("token_bucket/refund", script_token_bucket_refund);
+
+/* One bucket of a group: its key and TOKEN_BUCKET_ARGS numbers (GCRA's too). */
+void
+token_bucket_group_part(const BucketParams *params, const char *key, int64 cost, int64 at_ms,
+						LimitCall *part)
+{
+	part->keys[0] = key;
+	part->nkeys = 1;
+	part->nargs = TOKEN_BUCKET_ARGS;
+	token_bucket_args(params, cost, part->args);
+}
 
 /*
  * A call of mode's script on one bucket: KEYS the bucket (for a refund also
@@ -31,29 +43,15 @@ static void
 token_bucket_call(const BucketParams *params, BucketMode mode, const char *key, int64 cost,
 				  int64 at_ms, const char *refund_mark, LimitCall *call)
 {
+	token_bucket_group_part(params, key, cost, at_ms, call);
 	call->script = mode == BUCKET_PEEK ? &peek_script :
 		mode == BUCKET_REFUND ? &refund_script : &take_one_script;
-	call->keys[0] = key;
-	call->nkeys = 1;
 	if (refund_mark != NULL)
 		call->keys[call->nkeys++] = refund_mark;
-	call->nargs = TOKEN_BUCKET_ARGS;
-	token_bucket_args(params, cost, call->args);
 }
 
-/* One bucket of a group: its key and TOKEN_BUCKET_ARGS numbers. */
-static void
-token_bucket_group_part(const BucketParams *params, const char *key, int64 cost, int64 at_ms,
-						LimitCall *part)
-{
-	part->keys[0] = key;
-	part->nkeys = 1;
-	part->nargs = TOKEN_BUCKET_ARGS;
-	token_bucket_args(params, cost, part->args);
-}
-
-/* A bucket is one key. */
-static int
+/* A bucket is one key (so is GCRA's arrival time). */
+int
 token_bucket_reset_keys(const BucketParams *params, const char *key, int64 at_ms,
 						const char **keys)
 {

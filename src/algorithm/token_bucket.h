@@ -15,6 +15,10 @@
 extern const LimitOps token_bucket_ops;
 
 extern void token_bucket_args(const BucketParams *params, int64 cost, const char **args);
+extern void token_bucket_group_part(const BucketParams *params, const char *key, int64 cost,
+									int64 at_ms, LimitCall *part);
+extern int	token_bucket_reset_keys(const BucketParams *params, const char *key, int64 at_ms,
+									const char **keys);
 extern bool bucket_params_init(BucketParams *params, int64 capacity,
 							   int64 refill_amount, int64 refill_period_ms,
 							   int64 idle_ttl_ms);

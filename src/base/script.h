@@ -11,10 +11,16 @@ typedef struct LuaScript
 	const char *name;
 	const char *body;
 	const char *sha1;			/* in hex: what EVALSHA names it by */
+	/* A script marked no-writes (a shebang, Redis 7): the same without it, for older ones. */
+	const struct LuaScript *plain;
 } LuaScript;
 
 /* The LuaScript of constant script_<x> of src/scripts.h (and its script_<x>_sha1). */
 #define LUA_SCRIPT(script_name, constant) \
 	{.name = (script_name),.body = constant,.sha1 = constant##_sha1}
+
+/* A peek's: marked no-writes, with plain the LuaScript of its script_<x>_plain. */
+#define LUA_PEEK_SCRIPT(script_name, constant, plain_script) \
+	{.name = (script_name),.body = constant,.sha1 = constant##_sha1,.plain = (plain_script)}
 
 #endif							/* RL_SCRIPT_H */

@@ -71,8 +71,8 @@ policy_column(Relation rel, const char *column)
  * refill_amount per period_ms, or per window): local_share of the capacity
  * (at least one token), a refill local_share as fast by a period stretched
  * and rounded up, so that rounding never gives more than the share. A sliding
- * log's fallback is a fixed window of its length with half that share
- * (sliding_log.c says why), none when that is not one token.
+ * log longer than a slot holds falls back to a fixed window of its length with
+ * half that share (sliding_log.c says why), none when that is not one token.
  */
 static void
 policy_local_bucket(Policy *policy, int64 capacity, int64 refill_amount, int64 period_ms)
@@ -94,20 +94,23 @@ policy_local_bucket(Policy *policy, int64 capacity, int64 refill_amount, int64 p
 												 refill_amount, &stretched, 0, NULL);
 		return;
 	}
-	if (algorithm == ALGORITHM_SLIDING_LOG)
+	if (algorithm == ALGORITHM_SLIDING_LOG && local_capacity > LIMIT_LOG_TOKENS)
 	{
+		/* Too long a log for a slot: a fixed window of half the share (sliding_log.c). */
 		algorithm = ALGORITHM_FIXED_WINDOW;
 		local_capacity = (int64) floor(capacity * share) / 2;
 		if (local_capacity < 1)
 			return;
 	}
-	if (algorithm == ALGORITHM_FIXED_WINDOW || algorithm == ALGORITHM_SLIDING_WINDOW)
-		policy->local_usable = limit_params_init(&policy->local_bucket, algorithm, local_capacity,
-												 0, &policy->period, 0,
-												 policy->bucket.time_zone);
-	/* A sliding log's window: epoch-aligned, as its own is. */
+	policy->local_usable = limit_params_init(&policy->local_bucket, algorithm, local_capacity,
+											 0, &policy->period, 0, policy->bucket.time_zone);
+	/* A sliding log's fixed window: epoch-aligned, as the log's window is. */
 	if (policy->algorithm == ALGORITHM_SLIDING_LOG)
+	{
 		policy->local_bucket.calendar = CALENDAR_NONE;
+		policy->local_bucket.window_ms = period_ms;
+		policy->local_usable &= period_ms > 0;
+	}
 }
 
 /* A policy's limits: its params and local bucket, from capacity and a refill or its window. */

@@ -102,6 +102,24 @@ is_redirect(const RespValue *reply)
 		(reply->length > 4 && memcmp(reply->str, "ASK ", 4) == 0);
 }
 
+/*
+ * True once a Redis refused a script's shebang (#!lua flags=no-writes, Redis 7
+ * and later): from then on this backend sends such scripts without it.
+ */
+static bool no_shebangs = false;
+
+/* True when reply is the compile error of a Redis older than 7 given a shebang. */
+static bool
+shebang_refused(const RespValue *reply)
+{
+	static const char compile[] = "Error compiling script";
+
+	for (int i = 0; i + (int) sizeof(compile) - 1 <= reply->length; i++)
+		if (memcmp(reply->str + i, compile, sizeof(compile) - 1) == 0)
+			return true;
+	return false;
+}
+
 /* Stores one reply: the slot map, ASKING's, or a call's integers, or why there are none. */
 static void
 call_reply(int index, const RespValue *reply, void *arg)
@@ -134,6 +152,13 @@ call_reply(int index, const RespValue *reply, void *arg)
 		}
 		/* Redis restarted, failed over or flushed its scripts: sent again with the body. */
 		redis_fail_with_error(&call->failure, reply->str, reply->length);
+		if (call->script->plain != NULL && shebang_refused(reply))
+		{
+			/* A Redis older than 7 knows no shebang: the same script without it. */
+			no_shebangs = true;
+			call->script = call->script->plain;
+			call->failure.kind = REDIS_FAILURE_NOSCRIPT;
+		}
 		if (call->failure.kind == REDIS_FAILURE_NOSCRIPT)
 		{
 			call->done = false;
@@ -237,6 +262,8 @@ redis_send_calls(Pipeline *pipeline, SendPass pass, int64 deadline, RedisFailure
 		if (!call_for(pipeline, i, pipeline->node) ||
 			(pass != SEND_FIRST && call->failure.kind != REDIS_FAILURE_NOSCRIPT))
 			continue;
+		if (no_shebangs && call->script->plain != NULL)
+			call->script = call->script->plain;
 		/* Sent: until it answers, it is a request that went out. */
 		memset(&call->failure, 0, sizeof(call->failure));
 		call->failure.maybe_ran = true;

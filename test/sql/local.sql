@@ -1,10 +1,11 @@
 -- The local fallback bucket (C, src/algorithm/) and the Redis script (Lua) make the same
 -- decisions: one sequence of (time, cost), with the clock stepping back now and then,
 -- is run against Redis and against a local bucket, and every answer is compared; for the
--- token bucket, GCRA, the fixed and the sliding window. (The windows' sequence only steps
+-- token bucket, GCRA, the fixed and the sliding window, the sliding log. (The windows' sequence only steps
 -- forward: a clock that steps back across a window's start counts in the earlier
 -- window's own key in Redis, and, conservatively, on in the later one in the one local
--- slot. A sliding log's fallback is a fixed window: not the same answers by design.)
+-- slot. A sliding log is kept in C up to 8 tokens, as this one; a longer log's fallback is
+-- a fixed window, not the same answers by design.)
 
 -- Fixtures: the extension and expect_error (test/sql/include/fixtures.sql), quietly.
 \set ECHO none
@@ -23,7 +24,9 @@ INSERT INTO rl_policy (name, algorithm, capacity, refill_amount, refill_period, 
     ('eq.fixed.redis', 'fixed_window', 7, NULL, '5 s', NULL, 'closed'),
     ('eq.fixed.local', 'fixed_window', 7, NULL, '5 s', NULL, 'local'),
     ('eq.sliding.redis', 'sliding_window', 7, NULL, '5 s', NULL, 'closed'),
-    ('eq.sliding.local', 'sliding_window', 7, NULL, '5 s', NULL, 'local');
+    ('eq.sliding.local', 'sliding_window', 7, NULL, '5 s', NULL, 'local'),
+    ('eq.log.redis', 'sliding_log', 6, NULL, '3 s', NULL, 'closed'),
+    ('eq.log.local', 'sliding_log', 6, NULL, '3 s', NULL, 'local');
 
 SELECT setseed(0.42);
 CREATE TEMP TABLE steps AS
@@ -61,12 +64,14 @@ SELECT pg_temp.run_steps('redis', 'eq.minute.redis');
 SELECT pg_temp.run_steps('redis', 'eq.gcra.redis');
 SELECT pg_temp.run_steps('redis', 'eq.fixed.redis');
 SELECT pg_temp.run_steps('redis', 'eq.sliding.redis');
+SELECT pg_temp.run_steps('redis', 'eq.log.redis');
 SET ratelimit.redis_url = 'redis://127.0.0.1:1';
 SELECT pg_temp.run_steps('local', 'eq.odd.local');
 SELECT pg_temp.run_steps('local', 'eq.minute.local');
 SELECT pg_temp.run_steps('local', 'eq.gcra.local');
 SELECT pg_temp.run_steps('local', 'eq.fixed.local');
 SELECT pg_temp.run_steps('local', 'eq.sliding.local');
+SELECT pg_temp.run_steps('local', 'eq.log.local');
 RESET ratelimit.redis_url;
 
 -- Who decided, and how often each way: both sides grant and deny many times.

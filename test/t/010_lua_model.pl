@@ -2,7 +2,7 @@
 #
 # Model tests for lua/token_bucket/take_one.lua (rl_consume's take of a token bucket,
 # composed with lua/lib.lua), run directly in a private redis-server with an injected
-# clock (ARGV[1] = now in ms). test/t/011_lua_model_one.pl runs them all again against
+# clock (ARGV[1] = now in ms). test/t/011_lua_model_group.pl runs them all again against
 # lua/group.lua (rl_consume_all), one token-bucket check per call, which must answer alike.
 #
 # Every call is checked twice: against exact values worked out by hand, and against a

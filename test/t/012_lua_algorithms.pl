@@ -285,6 +285,51 @@ subtest 'sliding_window: a long sequence equals the model, through take and the 
 	is($same, $steps, "all $steps answers are the model's");
 };
 
+# The most grants in any span of one window's length, from a list of grant times.
+sub worst_span
+{
+	my ($times, $w) = @_;
+	my @t = sort { $a <=> $b } @$times;
+	my ($worst, $j) = (0, 0);
+	for my $i (0 .. $#t)
+	{
+		$j++ while $t[$i] - $t[$j] >= $w;
+		$worst = $i - $j + 1 if $i - $j + 1 > $worst;
+	}
+	return $worst;
+}
+
+subtest 'sliding_window: its error, measured (docs/algorithms.md)' => sub {
+	my ($cap, $w) = (100, 10_000);
+	# Adversarial, through the script: every 100 ms, take one token at a time until denied.
+	my @granted;
+	for (my $now = $T0 + 5000; $now < $T0 + 45_000; $now += 100)
+	{
+		while (1)
+		{
+			my $r = run('sliding_window/take', sliding_args($now, 1, $cap, $w, 's:adv'));
+			last unless $r->[0] eq '1';
+			push @granted, $now;
+		}
+	}
+	my $adversarial = worst_span(\@granted, $w);
+	# Random, through the model: Poisson-like arrivals at twice the rate the limit allows.
+	my (%counts, @random);
+	my $now = $T0;
+	for (1 .. 20_000)
+	{
+		$now += int(rand(2 * $w / $cap));
+		push @random, $now if sliding_model(\%counts, $now, 1, $cap, $w)->[0];
+	}
+	my $spread = worst_span(\@random, $w);
+	note(sprintf('sliding_window, capacity %d per %d ms: worst span of one window %d grants (%.2f x capacity) '
+		  . 'when every 100 ms takes all it may; %d (%.2f x) for random arrivals at twice the rate',
+		  $cap, $w, $adversarial, $adversarial / $cap, $spread, $spread / $cap));
+	cmp_ok($adversarial, '>', $cap, 'an adversary gets more than the capacity into some window: the counter approximates');
+	cmp_ok($adversarial, '<=', 2 * $cap, 'but never more than twice the capacity');
+	cmp_ok($spread, '<=', 2 * $cap, 'random traffic: at most twice the capacity too');
+};
+
 #
 # sliding_log: exact, a timestamp per token.
 #
@@ -341,6 +386,20 @@ subtest 'sliding_log: a long sequence equals the model, through take and the gro
 	}
 	is($same, $steps, "all $steps answers are the model's");
 	cmp_ok($redis->cli('ZCARD', 'l:seq'), '<=', 6 + 6, 'the log holds no more than its window needs');
+};
+
+subtest 'peeks are marked no-writes: EVALSHA_RO runs them (replicas may too)' => sub {
+	my $ro = sub {
+		my ($name, @args) = @_;
+		return reply([ split /\n/, `redis-cli -p $redis->{port} EVALSHA_RO $sha{$name} @{[ map { $_ eq '' ? '""' : $_ } @args ]} 2>&1` ]);
+	};
+	is($ro->('gcra/peek', 1, 'ro:g', gcra_args($T0, 2, 5, 1, 1000)), '{1, 5, 0, 0}', 'gcra');
+	my @f = fixed_args($T0, 2, 3, 1000, 'ro:f');
+	is($ro->('fixed_window/peek', 1, @f), '{1, 3, 0, 0}', 'fixed_window');
+	is($ro->('sliding_window/peek', sliding_args($T0, 1, 4, 1000, 'ro:s')), '{1, 4, 0, 0}', 'sliding_window');
+	is($ro->('sliding_log/peek', 1, 'ro:l', $T0, 3, 1, 1000), '{1, 3, 0, 0}', 'sliding_log');
+	like($ro->('gcra/take_one', 1, 'ro:g', gcra_args($T0, 2, 5, 1, 1000)), qr/not allowed|read.only|readonly/i,
+		'a take, which writes, is refused there');
 };
 
 subtest 'the group script: mixed algorithms, all or none' => sub {

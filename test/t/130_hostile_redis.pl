@@ -171,6 +171,33 @@ $h->query_ok("SET ratelimit.command_timeout = '${timeout_ms}ms'");
 	$fake->stop;
 }
 
+# (3a'') A Redis older than 7 knows no shebang: a peek's script (marked no-writes for
+# Redis 7, so that replicas and EVALSHA_RO may run it) fails to compile there. No Redis 6
+# is installed here: this fake answers as one does (NOSCRIPT, then the compile error for a
+# body that starts with "#!"), and counts in its reply how many such bodies it was sent.
+# The backend sends the script again without the line, and remembers.
+{
+	my $shebangs = 0;
+	my $fake = fake_redis_start(
+		reply => sub {
+			my ($command, $body) = @_;
+			return "-NOSCRIPT No matching script. Please use EVAL.\r\n" if $command eq 'EVALSHA';
+			return "+OK\r\n" if $command ne 'EVAL';
+			if ($body =~ /\A#!/)
+			{
+				$shebangs++;
+				return "-ERR Error compiling script (new function): user_script:1: unexpected symbol near '#'\r\n";
+			}
+			return "*4\r\n:1\r\n:$shebangs\r\n:0\r\n:0\r\n";
+		});
+	set_url($h, $fake->url);
+	is($h->query("SELECT allowed, remaining, source FROM rl_peek('h.closed', 'old_redis')"), 't|1|redis',
+		"(3a'') rl_peek on a Redis without shebangs: answered by the script without one");
+	is($h->query("SELECT allowed, remaining, source FROM rl_peek('h.closed', 'old_redis')"), 't|1|redis',
+		"(3a'') the next peek sends no shebang again");
+	$fake->stop;
+}
+
 # (3a') Malformed replies that a scan must refuse rather than a reader trust: a status
 # line holding a LF (which a reader that looked for the LF would take as the end of the
 # line, and read what follows as a header of its own), a NUL in a header, a bulk string

@@ -18,7 +18,7 @@ use Time::HiRes qw(time usleep);
 use RateLimitTest::Children ();
 
 # Starts, in a child process, a TCP server on 127.0.0.1 that reads RESP
-# commands and answers each with reply->(command name in upper case) (a
+# commands and answers each with reply->(command name in upper case, its arguments) (a
 # string of raw bytes, or undef to close the connection). reply may also be a
 # plain string, sent for every command, and an answer may be a hash
 # { head => bytes, stream => bytes }: head, then stream again and again until
@@ -112,7 +112,7 @@ sub _serve
 			$buffers{$socket} .= $chunk;
 			while (my $command = _take_command(\$buffers{$socket}))
 			{
-				my $answer = $reply->(uc($command->[0] // ''));
+				my $answer = $reply->(uc($command->[0] // q{}), @$command[1 .. $#$command]);
 				if (!defined $answer)
 				{
 					$select->remove($socket);

@@ -1,0 +1,108 @@
+-- cells.lua: what the scripts that drive an algorithm's cell share (its common.lua
+-- defines the cell): its peek and refund, the group script. The build (dev/lua-script)
+-- puts it after lib.lua; a lean take_one.lua, which inlines its algorithm, gets lib.lua
+-- alone, since each function defined here is work for every call of a script.
+
+-- a + b, saturating at EXACT_MAX (only absurd pauses of centuries reach it).
+local function add(a, b)
+  local sum = a + b
+  if sum > EXACT_MAX then
+    return EXACT_MAX
+  end
+  return sum
+end
+
+-- The clock the state sees, checked: a whole number of ms.
+local function checked_clock(arg)
+  local now = now_ms(arg)
+  if not is_exact(now) then
+    error({err = 'ERR ratelimit clock is not a whole number of ms'})
+  end
+  return now
+end
+
+-- A stored count (a window's), checked: a missing key is 0.
+local function stored_count(value)
+  if not value then
+    return 0
+  end
+  local count = tonumber(value)
+  if not is_exact(count) then
+    error({err = 'ERR ratelimit bucket state is corrupt'})
+  end
+  return count
+end
+
+-- Writes a window's count with its TTL in one command; a count of 0 is no state at all.
+local function write_count(key, count, ttl)
+  if count > 0 then
+    call('SET', key, string.format('%d', count), 'PX', ttl)
+  else
+    call('DEL', key)
+  end
+end
+
+-- Before the first write: that write_count (or an integer state's write) may run.
+local function may_write_count(key)
+  may_write('SET', key, '0', 'PX', 1)
+  may_write('DEL', key)
+end
+
+-- The reply of one check of a cell algorithm (see group.lua): {allowed, remaining,
+-- retry_after_ms, reset_after_ms}.
+local function answer_of(X, s, e, allowed)
+  local remaining, reset = X.answer(s)
+  local retry = 0
+  if allowed == 0 and e.granted == false then
+    retry = e.retry
+  end
+  return {allowed, remaining, retry, reset}
+end
+
+-- Runs the mark of a refund done once (KEYS[mark]): true when this refund may credit.
+-- The mark only has to outlive a retry of this refund: a minute at most.
+local function refund_once(mark, ttl)
+  if mark == nil then
+    return true
+  end
+  return call('SET', mark, '1', 'NX', 'PX', math.max(1, math.min(ttl, 60000)))
+end
+
+-- rl_peek of one check of cell algorithm X (its common.lua): KEYS its keys, ARGV the
+-- clock then its numbers. The decision a take would make, nothing written.
+local function peek_one(X)
+  expect_args(1 + X.nargs)
+  local now = X.clock and checked_clock(ARGV[1]) or nil
+  local s = X.load(1, 2, now)
+  local allowed = 0
+  if X.try(s, s) then
+    allowed = 1
+    X.undo(s, s)
+  else
+    s.granted = false
+  end
+  return answer_of(X, s, s, allowed)
+end
+
+-- rl_refund of one check of cell algorithm X: gives its cost back, never beyond what
+-- an untouched state holds. KEYS its keys, then optionally a mark that makes the refund
+-- happen once; answers {1 when given back (0 when the mark showed it was done already),
+-- remaining, 0, reset_after_ms}.
+local function refund_one(X)
+  expect_args(1 + X.nargs)
+  local now = X.clock and checked_clock(ARGV[1]) or nil
+  local s = X.load(1, 2, now)
+  local mark = KEYS[X.nkeys + 1]
+  local done = 0
+  if mark ~= nil then
+    may_write('SET', mark, '1', 'NX', 'PX', 1)
+    X.may(s)
+  end
+  if refund_once(mark, X.ttl(s)) then
+    X.refund(s, s)
+    X.write(s)
+    done = 1
+  end
+  s.granted = true
+  return answer_of(X, s, s, done)
+end
