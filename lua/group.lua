@@ -1,7 +1,8 @@
 -- group.lua: every check of rl_consume_all in one atomic step, all granted or none
--- charged, whatever their algorithms. Composed after lib.lua and every algorithm's
--- common.lua (dev/lua-script), whose cells it drives: load a check's state, try its
--- cost, undo a try, write, answer.
+-- charged, whatever their algorithms. Composed after lib.lua, cells.lua and every
+-- algorithm's common.lua, each inside a function cell_<algorithm>() that makes its cell
+-- (dev/lua-script), which it drives: load a check's state, try its cost, undo a try,
+-- write, answer.
 -- KEYS     each check's keys, in order (a sliding window: two)
 -- ARGV[1]  "now" in ms for tests; empty means Redis TIME (asked once, if at all)
 -- ARGV     then per check: its algorithm's tag (algorithm/*.c: LimitOps.tag), its numbers
@@ -9,12 +10,19 @@
 -- A check whose state another check named already shares it, so their costs add up;
 -- a denial takes nothing and writes nothing, and its wait counts from what is left after
 -- the checks before it.
-local CELLS = {TOKEN_BUCKET, GCRA, FIXED_WINDOW, SLIDING_WINDOW, SLIDING_LOG}
+local MAKERS = {cell_token_bucket, cell_gcra, cell_fixed_window, cell_sliding_window,
+                cell_sliding_log}
+local CELLS = {}
 local now = nil
 local checks, states, order = {}, {}, {}
 local k, a = 1, 2
 while a <= #ARGV do
-  local X = CELLS[tonumber(ARGV[a])]
+  local tag = tonumber(ARGV[a])
+  local X = CELLS[tag]
+  if X == nil and MAKERS[tag] then
+    X = MAKERS[tag]()
+    CELLS[tag] = X
+  end
   if X == nil or a + X.nargs > #ARGV or k + X.nkeys - 1 > #KEYS then
     error({err = 'ERR ratelimit group script called with arguments that do not match its keys'})
   end

@@ -85,6 +85,16 @@ ALTER TABLE @extschema@.rl_policy
     ADD CONSTRAINT rl_policy_window_bound_check
         CHECK (@extschema@._rl_window_is_exact(algorithm, capacity, refill_amount, refill_period));
 
+-- A row's limits include its time zone (history written before 0.7 holds none: UTC).
+CREATE OR REPLACE FUNCTION @extschema@._rl_limits(item jsonb) RETURNS jsonb
+IMMUTABLE STRICT PARALLEL SAFE LANGUAGE sql
+RETURN pg_catalog.jsonb_build_object(
+    'algorithm', item OPERATOR(pg_catalog.->) 'algorithm', 'action', item OPERATOR(pg_catalog.->) 'action',
+    'capacity', item OPERATOR(pg_catalog.->) 'capacity',
+    'refill_amount', item OPERATOR(pg_catalog.->) 'refill_amount',
+    'refill_period', item OPERATOR(pg_catalog.->) 'refill_period',
+    'time_zone', COALESCE(item OPERATOR(pg_catalog.->) 'time_zone', '"UTC"'::jsonb));
+
 -- A changed time zone is a new version; overrides of the new algorithms are checked.
 CREATE OR REPLACE FUNCTION @extschema@._rl_policy_set_version() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$

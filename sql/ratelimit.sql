@@ -287,7 +287,8 @@ RETURN pg_catalog.jsonb_build_object(
     'algorithm', item OPERATOR(pg_catalog.->) 'algorithm', 'action', item OPERATOR(pg_catalog.->) 'action',
     'capacity', item OPERATOR(pg_catalog.->) 'capacity',
     'refill_amount', item OPERATOR(pg_catalog.->) 'refill_amount',
-    'refill_period', item OPERATOR(pg_catalog.->) 'refill_period');
+    'refill_period', item OPERATOR(pg_catalog.->) 'refill_period',
+    'time_zone', COALESCE(item OPERATOR(pg_catalog.->) 'time_zone', '"UTC"'::jsonb));
 REVOKE ALL ON FUNCTION @extschema@._rl_limits(jsonb) FROM PUBLIC;
 
 -- With mark, notes (in the backend, for the transaction) that the row with key was

@@ -21,7 +21,8 @@ function SLIDING_LOG.load(k, a, now)
     now = now,
     added = 0,
   }
-  local entries = call('ZRANGEBYSCORE', s.key, '(' .. (now - s.window), '+inf', 'WITHSCORES')
+  local entries = call('ZRANGEBYSCORE', s.key, string.format('(%d', now - s.window), '+inf',
+                       'WITHSCORES')
   s.times = {}
   for i = 2, #entries, 2 do
     local t = tonumber(entries[i])
@@ -63,7 +64,8 @@ function SLIDING_LOG.undo(s, e)
   s.added = s.added - e.cost
 end
 
--- A refund takes out the youngest entries: the ones that would weigh longest.
+-- A refund takes out the oldest entries in the window: whichever were the refunded
+-- tokens, the log then never counts fewer in any window to come than it should.
 function SLIDING_LOG.refund(s, e)
   s.removed = math.min(e.cost, #s.times)
 end
@@ -79,12 +81,12 @@ function SLIDING_LOG.ttl(s)
 end
 
 function SLIDING_LOG.write(s)
-  call('ZREMRANGEBYSCORE', s.key, '-inf', s.now - s.window)
+  call('ZREMRANGEBYSCORE', s.key, '-inf', string.format('%d', s.now - s.window))
   if s.removed then
     if s.removed > 0 then
-      call('ZREMRANGEBYRANK', s.key, -s.removed, -1)
+      call('ZREMRANGEBYRANK', s.key, 0, s.removed - 1)
       for i = 1, s.removed do
-        s.times[#s.times] = nil
+        table.remove(s.times, 1)
       end
     end
     return
@@ -96,7 +98,7 @@ function SLIDING_LOG.write(s)
     local args = {}
     for i = 1, s.added - added do
       n = n + 1
-      args[#args + 1] = s.now
+      args[#args + 1] = string.format('%d', s.now)
       args[#args + 1] = string.format('%d:%d', s.now, n)
     end
     added = added + call('ZADD', s.key, 'NX', unpack(args))

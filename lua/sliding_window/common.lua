@@ -7,11 +7,12 @@
 -- current; the comparison is multiplied out by the window, all integers
 -- (capacity * window < 2^51, so every product here is exact).
 --
--- Each check takes 2 keys (this window's count, the previous one's) and 6 arguments:
--- capacity, cost, window in ms, ms elapsed in this window, ms left in it, the TTL of
--- this window's key (it is the previous one during the next window).
+-- Each check takes 2 keys (this window's count, the previous one's) and 4 arguments:
+-- capacity, cost, window in ms, ms elapsed in this window. This window's key lives until
+-- the next one ends (it is the previous one then), and a second more, as
+-- algorithm/window.h's WINDOW_KEY_MARGIN_MS.
 
-local SLIDING_WINDOW = {nkeys = 2, nargs = 6}
+local SLIDING_WINDOW = {nkeys = 2, nargs = 4}
 
 function SLIDING_WINDOW.load(k, a)
   local s = {
@@ -20,9 +21,9 @@ function SLIDING_WINDOW.load(k, a)
     cost = tonumber(ARGV[a + 1]),
     window = tonumber(ARGV[a + 2]),
     elapsed = tonumber(ARGV[a + 3]),
-    left = tonumber(ARGV[a + 4]),
-    ttl = tonumber(ARGV[a + 5]),
   }
+  s.left = s.window - s.elapsed
+  s.ttl = s.left + s.window + 1000
   local values = call('MGET', KEYS[k], KEYS[k + 1])
   s.count = stored_count(values[1])
   s.previous = stored_count(values[2])

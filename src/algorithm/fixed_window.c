@@ -30,7 +30,8 @@ fixed_window_part(const BucketParams *params, const char *key, int64 cost, int64
 	int64		left;
 
 	window_at(params, at_ms, &window);
-	left = Max(window.end_ms - at_ms, 0);
+	/* A refund's window may be older than now: its key need not outlive it. */
+	left = Max(window.end_ms - Max(at_ms, clock_now_ms()), 0);
 	part->keys[0] = window_key(key, window.start_ms);
 	part->nkeys = 1;
 	part->nargs = 4;

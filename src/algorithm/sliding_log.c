@@ -99,7 +99,7 @@ log_add(BucketState *state, int64 now_ms, int64 count)
  * Decides cost at now_ms as lua/sliding_log/ does: allowed when the entries
  * younger than the window plus cost are at most the capacity (at most
  * LIMIT_LOG_TOKENS); a denial waits for the oldest entries in the way; a
- * refund takes out the youngest.
+ * refund takes out the oldest.
  */
 static void
 sliding_log_apply(const BucketParams *params, BucketState *state, int64 now_ms, int64 cost,
@@ -113,7 +113,13 @@ sliding_log_apply(const BucketParams *params, BucketState *state, int64 now_ms, 
 	result->allowed = true;
 	result->retry_after_ms = 0;
 	if (mode == BUCKET_REFUND)
-		log.level -= Min(cost, log.level);
+	{
+		/* The oldest in the window go: the log never counts too few in a window to come. */
+		int64		removed = Min(cost, log.level);
+
+		memmove(log.log, log.log + removed, (log.level - removed) * sizeof(int64));
+		log.level -= removed;
+	}
 	else if (log.level + cost <= params->capacity)
 	{
 		if (mode == BUCKET_TAKE)

@@ -26,9 +26,10 @@ static const LuaScript refund_script = LUA_SCRIPT("sliding_window/refund",
 												  script_sliding_window_refund);
 
 /*
- * The keys (this window's, the previous one's) and the 6 numbers of a check
- * at at_ms: capacity, cost, window, ms elapsed in it, ms left in it, the TTL
- * of this window's key (it is the previous one during the next window).
+ * The keys (this window's, the previous one's) and the 4 numbers of a check at
+ * at_ms: capacity, cost, window, ms elapsed in it. (The script derives the
+ * rest: with the clock and two keys, a call stays within the 10 arguments a
+ * Redis that wants a password answers NOAUTH to.)
  */
 static void
 sliding_window_part(const BucketParams *params, const char *key, int64 cost, int64 at_ms,
@@ -40,13 +41,11 @@ sliding_window_part(const BucketParams *params, const char *key, int64 cost, int
 	part->keys[0] = window_key(key, window.start_ms);
 	part->keys[1] = window_key(key, window.start_ms - params->window_ms);
 	part->nkeys = 2;
-	part->nargs = 6;
+	part->nargs = 4;
 	part->args[0] = window_number(params->capacity);
 	part->args[1] = window_number(cost);
 	part->args[2] = window_number(params->window_ms);
 	part->args[3] = window_number(at_ms - window.start_ms);
-	part->args[4] = window_number(window.end_ms - at_ms);
-	part->args[5] = window_number(window.end_ms - at_ms + params->window_ms + WINDOW_KEY_MARGIN_MS);
 }
 
 /* A refund goes back to the window of at_ms, its take's (KEYS[1]); the mark is KEYS[3]. */

@@ -105,9 +105,38 @@ timestamp_ms(TimestampTz timestamp)
 	return us >= 0 ? us / 1000 : -((-us + 999) / 1000);
 }
 
+/* A calendar unit's nominal length: exact below a day; the fallback window's above. */
+static int64
+calendar_nominal_ms(WindowCalendar calendar)
+{
+	switch (calendar)
+	{
+		case CALENDAR_YEAR:
+			return INT64CONST(365) * 86400000;
+		case CALENDAR_MONTH:
+			return INT64CONST(30) * 86400000;
+		case CALENDAR_WEEK:
+			return INT64CONST(7) * 86400000;
+		case CALENDAR_DAY:
+			return 86400000;
+		case CALENDAR_HOUR:
+			return 3600000;
+		case CALENDAR_MINUTE:
+			return 60000;
+		case CALENDAR_SECOND:
+		case CALENDAR_NONE:
+			break;
+	}
+	return 1000;
+}
+
 /*
- * The calendar window around at_ms: date_trunc(unit, at, zone) and the next
- * boundary, one unit later in local time, as PostgreSQL computes them.
+ * The calendar window around at_ms: date_trunc(unit, at, zone), as PostgreSQL
+ * computes it, and its end: a second, minute or hour later in absolute time (a
+ * local hour repeated when the clocks go back is two windows, not one of two
+ * hours), the next local day, week, month or year boundary otherwise. Should
+ * a zone's rules leave at_ms outside what that gives, the window is the
+ * unit's nominal length aligned to the epoch: the same for every backend.
  */
 static void
 calendar_window(WindowCalendar calendar, const char *time_zone, int64 at_ms,
@@ -118,17 +147,25 @@ calendar_window(WindowCalendar calendar, const char *time_zone, int64 at_ms,
 	Datum		zone = CStringGetTextDatum(time_zone);
 	Datum		start = DirectFunctionCall3(timestamptz_trunc_zone, CStringGetTextDatum(unit),
 											TimestampTzGetDatum(ms_timestamp(at_ms)), zone);
-	Datum		local = DirectFunctionCall2(timestamptz_zone, zone, start);
-	Datum		next = DirectFunctionCall2(timestamp_pl_interval, local, IntervalPGetDatum(&one));
-	Datum		end = DirectFunctionCall2(timestamp_zone, zone, next);
+	int64		nominal = calendar_nominal_ms(calendar);
 
 	window->start_ms = timestamp_ms(DatumGetTimestampTz(start));
-	window->end_ms = timestamp_ms(DatumGetTimestampTz(end));
-	/* A boundary lost in a zone's gap must not leave at_ms outside its window. */
-	if (window->start_ms > at_ms)
-		window->start_ms = at_ms;
-	if (window->end_ms <= at_ms)
-		window->end_ms = at_ms + 1;
+	if (calendar <= CALENDAR_HOUR)
+		window->end_ms = window->start_ms + nominal;
+	else
+	{
+		Datum		local = DirectFunctionCall2(timestamptz_zone, zone, start);
+		Datum		next = DirectFunctionCall2(timestamp_pl_interval, local,
+											   IntervalPGetDatum(&one));
+
+		window->end_ms = timestamp_ms(DatumGetTimestampTz(DirectFunctionCall2(timestamp_zone,
+																			  zone, next)));
+	}
+	if (!(window->start_ms <= at_ms && at_ms < window->end_ms))
+	{
+		window->start_ms = at_ms - at_ms % nominal;
+		window->end_ms = window->start_ms + nominal;
+	}
 }
 
 /* The window of params that at_ms falls in. */

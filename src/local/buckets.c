@@ -160,8 +160,8 @@ slot_claim(LocalSlot *slot, uint64 key, const BucketParams *params, int64 now_ms
 
 /*
  * The policy's local bucket changed (capacity or local_share): keep the whole
- * tokens the old bucket held at now_ms, at most the new capacity, so that a
- * change never hands out a fresh full bucket.
+ * tokens the old bucket held at now_ms, at most the new capacity (a window:
+ * what it has counted), so that a change never hands out a fresh full bucket.
  */
 static void
 slot_convert(LocalSlot *slot, const BucketParams *params, int64 now_ms)
@@ -169,11 +169,16 @@ slot_convert(LocalSlot *slot, const BucketParams *params, int64 now_ms)
 	BucketParams old = slot_params(slot, params);
 	BucketResult held;
 
+	int64		tokens;
+
 	limit_ops(&old)->apply(&old, &slot->state, now_ms, 0, BUCKET_PEEK, &held);
+	/* A bucket keeps the tokens it holds; a window, the tokens it has counted. */
+	tokens = limit_refills(params->algorithm) ? held.remaining :
+		Max(params->capacity - (old.capacity - held.remaining), 0);
 	if (old.algorithm != params->algorithm)
 		limit_ops(params)->state_new(params, &slot->state, now_ms);
 	slot_set_params(slot, params);
-	limit_ops(params)->state_holding(params, &slot->state, now_ms, held.remaining);
+	limit_ops(params)->state_holding(params, &slot->state, now_ms, tokens);
 }
 
 /*

@@ -99,6 +99,17 @@ SET ratelimit.test_clock_ms = '1774738800000';
 SELECT reset_after_ms / 3600000.0 AS hours FROM rl_consume('alg.day', 'dst1');
 SET ratelimit.test_clock_ms = '1792879200000';
 SELECT reset_after_ms / 3600000.0 AS hours FROM rl_consume('alg.day', 'dst2');
+-- The hour repeated when Berlin's clocks go back (2026-10-25, 02:00-03:00 twice: 00:00 and
+-- 01:00 UTC) is two hour windows of one hour each, and its minutes last a minute.
+INSERT INTO rl_policy (name, algorithm, capacity, refill_period, time_zone) VALUES
+    ('alg.hour', 'fixed_window', 2, '1 hour', 'Europe/Berlin'),
+    ('alg.minute', 'fixed_window', 2, '1 minute', 'Europe/Berlin');
+SET ratelimit.test_clock_ms = '1792888200000';
+SELECT allowed, remaining, reset_after_ms FROM rl_consume('alg.hour', 'fall', 2);
+SET ratelimit.test_clock_ms = '1792891800000';
+SELECT allowed, remaining, reset_after_ms FROM rl_consume('alg.hour', 'fall', 2);
+SET ratelimit.test_clock_ms = '1792888210000';
+SELECT allowed, remaining, reset_after_ms FROM rl_consume('alg.minute', 'fall');
 -- Months: February 2028 (a leap year) has 29 days, January 31, in Berlin time.
 SET ratelimit.test_clock_ms = '1832972400000';
 SELECT reset_after_ms / 86400000.0 AS days FROM rl_consume('alg.month', 'leap');
