@@ -1,5 +1,6 @@
 -- ratelimit 0.6.0 -> 0.7.0: the algorithms gcra, fixed_window, sliding_window and
--- sliding_log; the column time_zone for calendar windows; rl_define for every algorithm.
+-- sliding_log; the column time_zone for calendar windows; rl_define for every algorithm;
+-- rl_consume_many.
 -- Every operator and function outside a function with a pinned search_path is written
 -- with pg_catalog: this script runs with the extension's schema in search_path.
 \echo Use "ALTER EXTENSION ratelimit UPDATE TO '0.7.0'" to load this file. \quit
@@ -217,3 +218,24 @@ BEGIN ATOMIC
                                                       THEN p.time_zone ELSE 'UTC' END)
     RETURNING *;
 END;
+
+-- Independent decisions for many subjects of one policy, in one round trip per Redis node
+-- (a row per subject, in input order: the subject, then rl_decision's fields); every
+-- element is checked before anything is sent.
+CREATE TYPE @extschema@.rl_subject_decision AS (
+    subject        text,
+    allowed        boolean,
+    remaining      bigint,
+    capacity       bigint,
+    retry_after_ms bigint,
+    reset_after_ms bigint,
+    policy         text,
+    version        integer,
+    source         text
+);
+CREATE FUNCTION @extschema@.rl_consume_many(policy text, subjects text[], costs bigint[] DEFAULT NULL)
+RETURNS SETOF @extschema@.rl_subject_decision
+AS 'MODULE_PATHNAME', 'rl_consume_many' LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 100;
+REVOKE ALL ON FUNCTION @extschema@.rl_consume_many(text, text[], bigint[]) FROM PUBLIC;
+COMMENT ON FUNCTION @extschema@.rl_consume_many(text, text[], bigint[]) IS
+    'a decision per subject of one policy, in one round trip per Redis node; NULL costs mean 1 each';

@@ -624,6 +624,27 @@ REVOKE ALL ON FUNCTION @extschema@.rl_consume_all(text[], text[], bigint[]) FROM
 COMMENT ON FUNCTION @extschema@.rl_consume_all(text[], text[], bigint[]) IS
     'several checks in one atomic step: all granted or none charged; subjects share a hash tag';
 
+-- Independent decisions for many subjects of one policy, in one round trip per Redis node
+-- (a row per subject, in input order: the subject, then rl_decision's fields); every
+-- element is checked before anything is sent.
+CREATE TYPE @extschema@.rl_subject_decision AS (
+    subject        text,
+    allowed        boolean,
+    remaining      bigint,
+    capacity       bigint,
+    retry_after_ms bigint,
+    reset_after_ms bigint,
+    policy         text,
+    version        integer,
+    source         text
+);
+CREATE FUNCTION @extschema@.rl_consume_many(policy text, subjects text[], costs bigint[] DEFAULT NULL)
+RETURNS SETOF @extschema@.rl_subject_decision
+AS 'MODULE_PATHNAME', 'rl_consume_many' LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 100;
+REVOKE ALL ON FUNCTION @extschema@.rl_consume_many(text, text[], bigint[]) FROM PUBLIC;
+COMMENT ON FUNCTION @extschema@.rl_consume_many(text, text[], bigint[]) IS
+    'a decision per subject of one policy, in one round trip per Redis node; NULL costs mean 1 each';
+
 CREATE FUNCTION @extschema@.rl_limit_trigger() RETURNS trigger
 AS 'MODULE_PATHNAME', 'rl_limit_trigger' LANGUAGE C;
 REVOKE ALL ON FUNCTION @extschema@.rl_limit_trigger() FROM PUBLIC;

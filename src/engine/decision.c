@@ -66,8 +66,8 @@ decision_local(const DecisionRequest *request, BucketMode mode, Decision *decisi
 }
 
 /* Fills decision from the policy's fail mode, for when Redis could not decide. */
-static void
-decide_by_fail_mode(const DecisionRequest *request, int64 retry_after_ms, Decision *decision)
+void
+decision_by_fail_mode(const DecisionRequest *request, int64 retry_after_ms, Decision *decision)
 {
 	const Policy *policy = &request->policy;
 
@@ -213,7 +213,7 @@ decision_run(const DecisionRequest *request, Decision *decision)
 		answered = ask_redis(&ask, &failure);
 		engine_observe_redis(policy, answered, &failure, ask.call.round_trip_us);
 		if (!answered)
-			decide_by_fail_mode(request, ask.call.retry_after_ms, decision);
+			decision_by_fail_mode(request, ask.call.retry_after_ms, decision);
 	}
 	if (request->mode != BUCKET_REFUND)
 		decision_shadow(policy, decision);

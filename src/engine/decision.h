@@ -45,6 +45,8 @@ extern const char *decision_key(const DecisionRequest *request);
 extern void decision_redis_call(const DecisionRequest *request, RedisCall *call);
 extern bool decision_from_reply(const long long *results, Decision *decision,
 								RedisFailure *failure);
+extern void decision_by_fail_mode(const DecisionRequest *request, int64 retry_after_ms,
+								  Decision *decision);
 extern bool decision_needs_no_bucket(const Policy *policy);
 extern bool decision_fixed(const Policy *policy, Decision *decision);
 extern void decision_shadow(const Policy *policy, Decision *decision);

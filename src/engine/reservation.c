@@ -21,6 +21,7 @@
 #include "utils/memutils.h"
 
 #include "base/clock.h"
+#include "engine/batch.h"
 #include "engine/ledger.h"
 #include "engine/reservation.h"
 #include "policy/subject.h"
@@ -136,4 +137,36 @@ reservation_take(const DecisionRequest *request, Decision *decision)
 		(decision->source == DECISION_SOURCE_REDIS || decision->source == DECISION_SOURCE_LOCAL))
 		reservation_remember(&take, decision->source);
 	pfree(key.data);
+}
+
+/*
+ * Decides checked takes like rl_consume_many, in one round trip per node, and
+ * remembers what each took for a rollback (a statement trigger's subjects).
+ */
+void
+reservation_take_many(const DecisionRequest *requests, Decision *decisions, int count)
+{
+	DecisionRequest *takes = palloc(Max(count, 1) * sizeof(DecisionRequest));
+	int64		now_ms = clock_now_ms();
+
+	for (int i = 0; i < count; i++)
+	{
+		StringInfoData key;
+
+		takes[i] = requests[i];
+		initStringInfo(&key);
+		subject_build_key(&key, &takes[i].policy, takes[i].subject, takes[i].length);
+		takes[i].key = key.data;
+		takes[i].at_ms = now_ms;
+	}
+	batch_run(takes, decisions, count);
+	for (int i = 0; i < count; i++)
+	{
+		if (decisions[i].allowed &&
+			(decisions[i].source == DECISION_SOURCE_REDIS ||
+			 decisions[i].source == DECISION_SOURCE_LOCAL))
+			reservation_remember(&takes[i], decisions[i].source);
+		pfree((char *) takes[i].key);
+	}
+	pfree(takes);
 }

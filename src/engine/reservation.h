@@ -8,5 +8,7 @@
 #include "engine/decision.h"
 
 extern void reservation_take(const DecisionRequest *request, Decision *decision);
+extern void reservation_take_many(const DecisionRequest *requests, Decision *decisions,
+								  int count);
 
 #endif							/* RL_RESERVATION_H */

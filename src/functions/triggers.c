@@ -11,8 +11,9 @@
  * charges each row's subject (the column's value as text) one token, or the
  * cost column's value, and raises rl_enforce's error when denied. As a
  * statement-level AFTER trigger with REFERENCING NEW TABLE, it charges a bulk
- * INSERT or COPY once per subject, with the sum of its rows. Charges are
- * reservations: if the statement or transaction fails, they are given back.
+ * INSERT or COPY once per subject, with the sum of its rows, every subject in
+ * one round trip per Redis node. Charges are reservations: if the statement
+ * or transaction fails, they are given back.
  */
 #include "prelude.h"
 
@@ -113,6 +114,28 @@ row_cost(HeapTuple tuple, TupleDesc desc, const TriggerArgs *args)
 	return 0;					/* keep the compiler quiet */
 }
 
+/*
+ * Checks a charge of subject cost tokens into request: the contract's errors,
+ * and the error a denial would raise for a cost over the capacity.
+ */
+static void
+charge_check(FunctionCallInfo fcinfo, const TriggerArgs *args, const char *subject, int64 cost,
+			 DecisionRequest *request)
+{
+	request_check(fcinfo->flinfo->fn_oid, args->policy, subject, strlen(subject), request);
+	/* An 'allow' or 'deny' subject, or a disabled policy, counts nothing: no bucket is asked. */
+	if (decision_needs_no_bucket(&request->policy))
+		cost = Min(cost, request->policy.bucket.capacity);
+	if (cost > request->policy.bucket.capacity)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_RL_RATE_LIMIT_EXCEEDED),
+				 errmsg("rate limit exceeded for policy \"%s\"", request->policy.name),
+				 errdetail("The write needs " INT64_FORMAT " tokens for one subject; the policy holds at most " INT64_FORMAT ".",
+						   cost, request->policy.bucket.capacity)));
+	request_cost(request, BUCKET_TAKE, cost);
+}
+
 /* Charges subject cost tokens of the policy as a reservation; raises when denied. */
 static void
 charge_subject(FunctionCallInfo fcinfo, const TriggerArgs *args, const char *subject, int64 cost)
@@ -120,18 +143,7 @@ charge_subject(FunctionCallInfo fcinfo, const TriggerArgs *args, const char *sub
 	DecisionRequest request;
 	Decision	decision;
 
-	request_check(fcinfo->flinfo->fn_oid, args->policy, subject, strlen(subject), &request);
-	/* An 'allow' or 'deny' subject, or a disabled policy, counts nothing: no bucket is asked. */
-	if (decision_needs_no_bucket(&request.policy))
-		cost = Min(cost, request.policy.bucket.capacity);
-	if (cost > request.policy.bucket.capacity)
-		ereport(ERROR,
-				(errhidestmt(true),
-				 errcode(ERRCODE_RL_RATE_LIMIT_EXCEEDED),
-				 errmsg("rate limit exceeded for policy \"%s\"", request.policy.name),
-				 errdetail("The write needs " INT64_FORMAT " tokens for one subject; the policy holds at most " INT64_FORMAT ".",
-						   cost, request.policy.bucket.capacity)));
-	request_cost(&request, BUCKET_TAKE, cost);
+	charge_check(fcinfo, args, subject, cost, &request);
 	reservation_take(&request, &decision);
 	enforce(fcinfo->flinfo->fn_oid, &decision);
 }
@@ -147,6 +159,10 @@ charge_statement(FunctionCallInfo fcinfo, TriggerData *trigdata, const TriggerAr
 	HTAB	   *totals;
 	HASH_SEQ_STATUS scan;
 	SubjectTotal *total;
+	DecisionRequest *requests;
+	Decision   *decisions;
+	long		count;
+	int			n = 0;
 
 	if (rows == NULL)
 		ereport(ERROR,
@@ -182,9 +198,19 @@ charge_statement(FunctionCallInfo fcinfo, TriggerData *trigdata, const TriggerAr
 	}
 	ExecDropSingleTupleTableSlot(slot);
 
+	/*
+	 * Every subject's charge in one round trip per node; the first denial
+	 * raises, and the rollback gives back what the others took.
+	 */
+	count = hash_get_num_entries(totals);
+	requests = palloc(Max(count, 1) * sizeof(DecisionRequest));
+	decisions = palloc(Max(count, 1) * sizeof(Decision));
 	hash_seq_init(&scan, totals);
 	while ((total = hash_seq_search(&scan)) != NULL)
-		charge_subject(fcinfo, args, total->subject, total->cost);
+		charge_check(fcinfo, args, total->subject, total->cost, &requests[n++]);
+	reservation_take_many(requests, decisions, n);
+	for (int i = 0; i < n; i++)
+		enforce(fcinfo->flinfo->fn_oid, &decisions[i]);
 	hash_destroy(totals);
 }
 
