@@ -1,6 +1,6 @@
 -- ratelimit 0.6.0 -> 0.7.0: the algorithms gcra, fixed_window, sliding_window and
 -- sliding_log; the column time_zone for calendar windows; rl_define for every algorithm;
--- rl_consume_many.
+-- rl_consume_many; the deny cache (the column deny_cache, rl_stats.source_deny_cache).
 -- Every operator and function outside a function with a pinned search_path is written
 -- with pg_catalog: this script runs with the extension's schema in search_path.
 \echo Use "ALTER EXTENSION ratelimit UPDATE TO '0.7.0'" to load this file. \quit
@@ -78,6 +78,7 @@ ALTER TABLE @extschema@.rl_policy
     ADD COLUMN time_zone text NOT NULL DEFAULT 'UTC'
         CONSTRAINT rl_policy_time_zone_check
         CHECK (@extschema@._rl_time_zone_is_valid(time_zone)),
+    ADD COLUMN deny_cache boolean NOT NULL DEFAULT true,
     ADD CONSTRAINT rl_policy_months_check
         CHECK (algorithm OPERATOR(pg_catalog.=) 'fixed_window'
                OR NOT @extschema@._rl_interval_is_calendar_months(refill_period)),
@@ -239,3 +240,41 @@ AS 'MODULE_PATHNAME', 'rl_consume_many' LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS
 REVOKE ALL ON FUNCTION @extschema@.rl_consume_many(text, text[], bigint[]) FROM PUBLIC;
 COMMENT ON FUNCTION @extschema@.rl_consume_many(text, text[], bigint[]) IS
     'a decision per subject of one policy, in one round trip per Redis node; NULL costs mean 1 each';
+
+-- rl_stats counts the decisions of the deny cache: its function and view made again,
+-- with their privileges.
+DROP VIEW @extschema@.rl_stats;
+DROP FUNCTION @extschema@._rl_stats_read();
+-- Per-policy counters kept in shared memory since the last reset (needs preload): the
+-- function behind the view rl_stats.
+CREATE FUNCTION @extschema@._rl_stats_read(
+    OUT policy text,
+    OUT decisions bigint,
+    OUT allowed bigint,
+    OUT denied bigint,
+    OUT tokens_granted bigint,
+    OUT shadow_denials bigint,
+    OUT source_redis bigint,
+    OUT source_local bigint,
+    OUT source_fail_open bigint,
+    OUT source_fail_closed bigint,
+    OUT source_override bigint,
+    OUT source_disabled bigint,
+    OUT source_deny_cache bigint,
+    OUT redis_calls bigint,
+    OUT redis_errors jsonb,
+    OUT latency_p50_ms double precision,
+    OUT latency_p99_ms double precision,
+    OUT latency_max_ms double precision,
+    OUT latency_histogram jsonb,
+    OUT stats_reset timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'rl_stats_read' LANGUAGE C VOLATILE PARALLEL RESTRICTED;
+REVOKE ALL ON FUNCTION @extschema@._rl_stats_read() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@._rl_stats_read() TO pg_monitor;
+
+CREATE VIEW @extschema@.rl_stats AS SELECT * FROM @extschema@._rl_stats_read();
+REVOKE ALL ON @extschema@.rl_stats FROM PUBLIC;
+GRANT SELECT ON @extschema@.rl_stats TO pg_monitor;
+COMMENT ON VIEW @extschema@.rl_stats IS
+    'per-policy decision counters and Redis latency of this server since the last reset; never a subject';

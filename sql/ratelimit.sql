@@ -179,6 +179,8 @@ CREATE TABLE @extschema@.rl_policy (
     time_zone     text NOT NULL DEFAULT 'UTC'
                   CONSTRAINT rl_policy_time_zone_check
                   CHECK (@extschema@._rl_time_zone_is_valid(time_zone)),
+    -- A denial from Redis is remembered on this server until its retry-after.
+    deny_cache    boolean NOT NULL DEFAULT true,
     CONSTRAINT rl_policy_months_check
         CHECK (algorithm OPERATOR(pg_catalog.=) 'fixed_window'
                OR NOT @extschema@._rl_interval_is_calendar_months(refill_period)),
@@ -744,6 +746,7 @@ CREATE FUNCTION @extschema@._rl_stats_read(
     OUT source_fail_closed bigint,
     OUT source_override bigint,
     OUT source_disabled bigint,
+    OUT source_deny_cache bigint,
     OUT redis_calls bigint,
     OUT redis_errors jsonb,
     OUT latency_p50_ms double precision,

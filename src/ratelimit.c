@@ -19,6 +19,7 @@
 #include "engine/ledger.h"
 #include "functions/enforce.h"
 #include "local/buckets.h"
+#include "local/deny_cache.h"
 #include "observe/observe.h"
 #include "observe/stats.h"
 #include "policy/cache.h"
@@ -74,10 +75,12 @@ ratelimit_shmem_request(void)
 	size = add_size(size, deadline_shmem_size());
 	size = add_size(size, breaker_shmem_size());
 	size = add_size(size, local_shmem_size());
+	size = add_size(size, deny_cache_shmem_size());
 	size = add_size(size, policy_shmem_size());
 	size = add_size(size, stats_shmem_size());
 	RequestAddinShmemSpace(size);
 	local_shmem_request();
+	deny_cache_shmem_request();
 	stats_shmem_request();
 }
 
@@ -91,6 +94,7 @@ ratelimit_shmem_startup(void)
 	deadline_shmem_init();
 	breaker_shmem_init();
 	local_shmem_init();
+	deny_cache_shmem_init();
 	policy_shmem_init();
 	stats_shmem_init();
 	LWLockRelease(AddinShmemInitLock);
@@ -113,6 +117,7 @@ _PG_init(void)
 	breaker_init();
 	/* local, policy */
 	local_init(preloaded);
+	deny_cache_init(preloaded);
 	subject_init();
 	policy_cache_init();
 	/* engine, observe, functions */

@@ -5,8 +5,8 @@
  *	  reply is read (redis/pipeline.c groups them by node, each node's in one
  *	  exchange), so a batch costs one round trip and a deadline, not one per
  *	  decision. Each decision is exactly what decision_run would have made:
- *	  fixed answers, Redis, or its own policy's fail mode when its node did
- *	  not answer; then shadow mode.
+ *	  fixed answers, a denial remembered, Redis, or its own policy's fail
+ *	  mode when its node did not answer; then shadow mode.
  */
 #include "prelude.h"
 
@@ -30,7 +30,9 @@ batch_run_chunk(const DecisionRequest *requests, Decision *decisions, int count)
 
 		decision_init(&request->policy, &decisions[i]);
 		/* A refund goes to the bucket whatever answers decisions. */
-		if (request->mode != BUCKET_REFUND && decision_fixed(&request->policy, &decisions[i]))
+		if (request->mode != BUCKET_REFUND &&
+			(decision_fixed(&request->policy, &decisions[i]) ||
+			 decision_denied_before(request, &decisions[i])))
 			continue;
 		decision_redis_call(request, &calls[ncalls]);
 		asked[ncalls++] = i;
@@ -55,6 +57,7 @@ batch_run_chunk(const DecisionRequest *requests, Decision *decisions, int count)
 			decision_from_reply(call->results, decision, &outcome);
 
 		engine_observe_redis(&request->policy, answered, &outcome, call->round_trip_us);
+		decision_remember_denial(request, decision);
 		if (!answered)
 			decision_by_fail_mode(request, call->retry_after_ms, decision);
 	}

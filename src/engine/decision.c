@@ -14,6 +14,7 @@
 #include "engine/decision.h"
 #include "engine/observer.h"
 #include "local/buckets.h"
+#include "local/deny_cache.h"
 #include "policy/subject.h"
 #include "redis/breaker.h"
 #include "scripts.h"
@@ -185,6 +186,68 @@ ask_redis(void *arg, RedisFailure *failure)
 		(ask->decision == NULL || decision_from_reply(ask->call.results, ask->decision, failure));
 }
 
+/*
+ * True when request's policy remembers denials and this server can. Not on
+ * the test clock: tests decide at exact times, which a cache that runs on the
+ * server's clock would blur (test/t/195 tests it on the real clock).
+ */
+static bool
+deny_cache_usable(const DecisionRequest *request)
+{
+	return request->policy.deny_cache && deny_cache_available() && clock_test_ms()[0] == '\0';
+}
+
+/*
+ * For a take of the cost Redis denied lately, whose retry-after has not
+ * passed on this server's clock: fills decision with that denial and the time
+ * still to wait, and returns true. Redis is not asked. (A larger cost would
+ * wait longer, by how much only Redis can say: it is asked.)
+ */
+bool
+decision_denied_before(const DecisionRequest *request, Decision *decision)
+{
+	DenyEntry	entry;
+	int64		now_ms;
+
+	if (request->mode != BUCKET_TAKE || !deny_cache_usable(request))
+		return false;
+	now_ms = clock_now_ms();
+	if (!deny_cache_find(local_key(request), request->cost, now_ms, &entry))
+		return false;
+	decision->allowed = false;
+	decision->remaining = entry.remaining;
+	decision->retry_after_ms = entry.until_ms - now_ms;
+	decision->reset_after_ms = Max(entry.reset_until_ms - now_ms, decision->retry_after_ms);
+	decision->source = DECISION_SOURCE_DENY_CACHE;
+	return true;
+}
+
+/*
+ * After Redis decided request: a denial with a retry-after is remembered; a
+ * refund (given back here) forgets what was remembered.
+ */
+void
+decision_remember_denial(const DecisionRequest *request, const Decision *decision)
+{
+	if (!deny_cache_usable(request))
+		return;
+	if (request->mode == BUCKET_REFUND)
+		deny_cache_forget(local_key(request));
+	else if (request->mode == BUCKET_TAKE && decision->source == DECISION_SOURCE_REDIS &&
+			 !decision->allowed && decision->retry_after_ms > 0)
+	{
+		int64		now_ms = clock_now_ms();
+		DenyEntry	entry = {
+			.cost = request->cost,
+			.remaining = decision->remaining,
+			.until_ms = now_ms + decision->retry_after_ms,
+			.reset_until_ms = now_ms + decision->reset_after_ms,
+		};
+
+		deny_cache_remember(local_key(request), &entry, now_ms);
+	}
+}
+
 /* Fills the parts of decision that do not depend on who decides: policy, version, capacity. */
 void
 decision_init(const Policy *policy, Decision *decision)
@@ -206,12 +269,14 @@ decision_run(const DecisionRequest *request, Decision *decision)
 
 	decision_init(policy, decision);
 	/* A refund goes to the bucket whatever answers decisions. */
-	if (request->mode == BUCKET_REFUND || !decision_fixed(policy, decision))
+	if (request->mode == BUCKET_REFUND ||
+		(!decision_fixed(policy, decision) && !decision_denied_before(request, decision)))
 	{
 		decision_redis_call(request, &ask.call);
 		/* While its node's breaker is open, Redis is not asked at all. */
 		answered = ask_redis(&ask, &failure);
 		engine_observe_redis(policy, answered, &failure, ask.call.round_trip_us);
+		decision_remember_denial(request, decision);
 		if (!answered)
 			decision_by_fail_mode(request, ask.call.retry_after_ms, decision);
 	}
@@ -242,6 +307,9 @@ decision_reset(const DecisionRequest *request)
 	ask.call.results = palloc(sizeof(long long));
 	answered = ask_redis(&ask, &failure);
 	engine_observe_redis(&request->policy, answered, &failure, ask.call.round_trip_us);
+	/* A denial remembered for it is forgotten, whatever Redis said. */
+	if (deny_cache_usable(request))
+		deny_cache_forget(local_key(request));
 	return answered;
 }
 
@@ -333,6 +401,8 @@ decision_source_name(DecisionSource source)
 			return "disabled";
 		case DECISION_SOURCE_OVERRIDE:
 			return "override";
+		case DECISION_SOURCE_DENY_CACHE:
+			return "deny_cache";
 		case DECISION_SOURCE_FAIL_CLOSED:
 			break;
 	}

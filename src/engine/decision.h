@@ -17,10 +17,11 @@ typedef enum DecisionSource
 	DECISION_SOURCE_FAIL_CLOSED,
 	DECISION_SOURCE_SHADOW,		/* a shadow policy would have denied: allowed anyway */
 	DECISION_SOURCE_DISABLED,	/* a disabled policy: allowed, nothing counted */
-	DECISION_SOURCE_OVERRIDE	/* the subject's 'allow' or 'deny' override */
+	DECISION_SOURCE_OVERRIDE,	/* the subject's 'allow' or 'deny' override */
+	DECISION_SOURCE_DENY_CACHE	/* a denial from Redis remembered until its retry-after */
 } DecisionSource;
 
-#define DECISION_SOURCES (DECISION_SOURCE_OVERRIDE + 1)
+#define DECISION_SOURCES (DECISION_SOURCE_DENY_CACHE + 1)
 
 typedef struct Decision
 {
@@ -47,6 +48,8 @@ extern bool decision_from_reply(const long long *results, Decision *decision,
 								RedisFailure *failure);
 extern void decision_by_fail_mode(const DecisionRequest *request, int64 retry_after_ms,
 								  Decision *decision);
+extern bool decision_denied_before(const DecisionRequest *request, Decision *decision);
+extern void decision_remember_denial(const DecisionRequest *request, const Decision *decision);
 extern bool decision_needs_no_bucket(const Policy *policy);
 extern bool decision_fixed(const Policy *policy, Decision *decision);
 extern void decision_shadow(const Policy *policy, Decision *decision);

@@ -167,8 +167,8 @@ histogram_jsonb(const StatsRow *row)
 static void
 stats_put_row(ReturnSetInfo *rsinfo, const StatsRow *row)
 {
-	Datum		values[19];
-	bool		nulls[19] = {0};
+	Datum		values[20];
+	bool		nulls[20] = {0};
 	int			n = 0;
 
 	values[n++] = CStringGetTextDatum(row->policy[0] ? row->policy : "(other)");
@@ -183,6 +183,7 @@ stats_put_row(ReturnSetInfo *rsinfo, const StatsRow *row)
 	values[n++] = Int64GetDatum(row->by_source[DECISION_SOURCE_FAIL_CLOSED]);
 	values[n++] = Int64GetDatum(row->by_source[DECISION_SOURCE_OVERRIDE]);
 	values[n++] = Int64GetDatum(row->by_source[DECISION_SOURCE_DISABLED]);
+	values[n++] = Int64GetDatum(row->by_source[DECISION_SOURCE_DENY_CACHE]);
 	values[n++] = Int64GetDatum(row->redis_calls);
 	values[n++] = failures_jsonb(row);
 	/* Without a round trip there is no latency to tell. */

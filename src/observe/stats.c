@@ -42,7 +42,7 @@ typedef enum StatsCounter
 	COUNT_SHADOW_DENIALS,
 	COUNT_REDIS_CALLS,
 	COUNT_SOURCE,				/* one per DecisionSource from here */
-	COUNT_FAILURE = COUNT_SOURCE + DECISION_SOURCE_OVERRIDE + 1,	/* one per RedisFailureKind */
+	COUNT_FAILURE = COUNT_SOURCE + DECISION_SOURCES,	/* one per RedisFailureKind */
 	COUNT_ALL = COUNT_FAILURE + REDIS_FAILURE_KINDS
 } StatsCounter;
 

@@ -153,8 +153,9 @@ policy_load_all(HTAB *cache, Oid relid, Snapshot snapshot, uint64 installation)
 				mode_col = policy_column(rel, "mode"),
 				local_share_col = policy_column(rel, "local_share"),
 				version_col = policy_column(rel, "version");
-	/* Added by 0.7: until the extension is updated, every zone is UTC. */
+	/* Added by 0.7: until the extension is updated, every zone is UTC, denials remembered. */
 	AttrNumber	time_zone_attnum = get_attnum(RelationGetRelid(rel), "time_zone");
+	AttrNumber	deny_cache_attnum = get_attnum(RelationGetRelid(rel), "deny_cache");
 	Datum	   *values = palloc(desc->natts * sizeof(Datum));
 	bool	   *nulls = palloc(desc->natts * sizeof(bool));
 	TableScanDesc scan = table_beginscan(rel, snapshot, 0, NULL);
@@ -197,6 +198,8 @@ policy_load_all(HTAB *cache, Oid relid, Snapshot snapshot, uint64 installation)
 		if (time_zone_attnum != InvalidAttrNumber && !nulls[time_zone_attnum - 1])
 			text_to_cstring_buffer(DatumGetTextPP(values[time_zone_attnum - 1]),
 								   policy->bucket.time_zone, LIMIT_ZONE_LEN);
+		policy->deny_cache = deny_cache_attnum == InvalidAttrNumber ||
+			nulls[deny_cache_attnum - 1] || DatumGetBool(values[deny_cache_attnum - 1]);
 		policy->local_usable = false;
 		if (policy->algorithm == ALGORITHM_CONCURRENCY)
 			/* Leases: capacity at once, each living at most idle_ttl. */

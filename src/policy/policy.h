@@ -54,6 +54,7 @@ typedef struct Policy
 	BucketParams local_bucket;
 	Interval	period;			/* the row's refill_period: a window algorithm's window */
 	int64		idle_ttl_ms;	/* 0: null, the time to refill completely */
+	bool		deny_cache;		/* denials from Redis are remembered until their retry-after */
 	double		local_share;
 	/* Set only on a request's copy, by policy_apply_override. */
 	OverrideAction override;

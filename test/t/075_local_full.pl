@@ -40,10 +40,12 @@ sub row
 	return [ split /\|/, $node->safe_psql('postgres', $sql) ];
 }
 
-# Fast buckets fill the table, refill, and their slots are reused.
+# Fast buckets fill the table, refill, and their slots are reused. (600 subjects: with
+# keys that hash differently in each installation, every partition of 8 slots gets 8
+# subjects or more; 300 left one short about once in a dozen runs.)
 is_deeply(row(q{SELECT count(*) FILTER (WHERE source = 'local'), bool_or(allowed)
-	FROM take_many('lf_fast', 'a', 300)}),
-	[ 300, 't' ], 'Redis down: 300 fast subjects decided by local buckets');
+	FROM take_many('lf_fast', 'a', 600)}),
+	[ 600, 't' ], 'Redis down: 600 fast subjects decided by local buckets');
 is_deeply(row(q{SELECT local_buckets, local_buckets_in_use FROM rl_health()}),
 	[ 128, 128 ], 'every one of the 128 slots is in use');
 $node->safe_psql('postgres', 'SELECT pg_sleep(0.05)');

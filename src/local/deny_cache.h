@@ -1,0 +1,28 @@
+/*
+ * deny_cache.h
+ *	  Denials remembered from Redis in shared memory until their retry-after.
+ */
+#ifndef RL_DENY_CACHE_H
+#define RL_DENY_CACHE_H
+
+#include "algorithm/limit.h"
+
+/* A denial remembered: what Redis answered, and until when it holds. */
+typedef struct DenyEntry
+{
+	int64		cost;			/* the cost denied: the same is denied again */
+	int64		remaining;
+	int64		until_ms;		/* this server's clock: when the cost could be granted */
+	int64		reset_until_ms;
+} DenyEntry;
+
+extern void deny_cache_init(bool preloaded);
+extern Size deny_cache_shmem_size(void);
+extern void deny_cache_shmem_request(void);
+extern void deny_cache_shmem_init(void);
+extern bool deny_cache_available(void);
+extern bool deny_cache_find(uint64 key, int64 cost, int64 now_ms, DenyEntry *entry);
+extern void deny_cache_remember(uint64 key, const DenyEntry *entry, int64 now_ms);
+extern void deny_cache_forget(uint64 key);
+
+#endif							/* RL_DENY_CACHE_H */

@@ -1,0 +1,123 @@
+#!/usr/bin/perl
+#
+# The deny cache, on the real clock: a denial from Redis is remembered in shared memory
+# until its retry-after, and the same cost asked meanwhile, by any backend of the server,
+# is denied here (source 'deny_cache') without a Redis call, with the time still to wait;
+# the next grant comes on time; a refund or reset made here forgets it; a policy with
+# deny_cache = false asks Redis every time.
+
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time usleep);
+
+use RateLimitTest;
+
+my $redis = redis_start(name => 'deny_cache');
+my $node = rl_node('deny_cache', redis => $redis, max_connections => 40);
+my $dir = PostgreSQL::Test::Utils::tempdir();
+
+$node->safe_psql(
+	'postgres', q{
+	INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, fail_mode) VALUES
+	  ('dc.hot', 1, 1, '20 s', 'closed'),
+	  ('dc.ontime', 1, 1, '2 s', 'closed'),
+	  ('dc.refund', 1, 1, '1 hour', 'closed');
+	INSERT INTO rl_policy (name, algorithm, capacity, refill_period, fail_mode) VALUES
+	  ('dc.window', 'fixed_window', 1, '1 hour', 'closed');
+	INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, fail_mode, deny_cache) VALUES
+	  ('dc.off', 1, 1, '1 hour', 'closed', false);
+	CREATE TABLE seen (source text, allowed boolean, retry bigint);
+});
+
+sub decide
+{
+	my ($policy, $subject, $cost) = @_;
+	return $node->safe_psql('postgres',
+		"SELECT allowed, source, retry_after_ms FROM rl_consume('$policy', '$subject', " . ($cost // 1) . ')');
+}
+sub evalsha { return $redis->command_calls('evalsha') + $redis->command_calls('eval') }
+
+# A subject denied for about 20 s, hammered by 16 clients.
+my ($allowed) = split /\|/, decide('dc.hot', 'hot');
+is($allowed, 't', 'the first take is granted');
+my ($a, $source, $retry) = split /\|/, decide('dc.hot', 'hot');
+is("$a|$source", 'f|redis', 'the next is denied by Redis');
+cmp_ok($retry, '>', 15000, "with a retry-after of about 20 s ($retry ms)");
+my $before = evalsha();
+my $file = "$dir/hammer.sql";
+append_to_file($file,
+	"INSERT INTO seen SELECT source, allowed, retry_after_ms FROM rl_consume('dc.hot', 'hot');\n");
+my $started = time;
+run_pgbench($node, 'hammer', $file, 16, 40);
+my $calls = evalsha() - $before;
+note sprintf('640 calls on a subject denied for 20 s, within %.2f s: %d Redis calls', time - $started, $calls);
+is($node->safe_psql('postgres', "SELECT count(*) FROM seen WHERE NOT allowed AND source = 'deny_cache'"),
+	'640', '16 clients x 40 calls: every one denied from the cache');
+is($calls, 0, 'Redis saw no call for the subject meanwhile');
+is($node->safe_psql('postgres', "SELECT count(*) FROM seen WHERE retry <= 0 OR retry > $retry"), '0',
+	'each told a retry-after within what Redis said');
+
+# The next grant comes on time: denied from the cache until the retry-after has passed,
+# then Redis is asked again and grants.
+decide('dc.ontime', 'ot');
+my $granted_at = time;
+($a, $source, $retry) = split /\|/, decide('dc.ontime', 'ot');
+is("$a|$source", 'f|redis', 'a 2 s subject: denied by Redis');
+my $wait = $granted_at + ($retry - 300) / 1000 - time;
+usleep($wait * 1e6) if $wait > 0;
+($a, $source) = split /\|/, decide('dc.ontime', 'ot');
+is("$a|$source", 'f|deny_cache', '300 ms before the retry-after: still denied, from the cache');
+$wait = $granted_at + ($retry + 50) / 1000 - time;
+usleep($wait * 1e6) if $wait > 0;
+($a, $source) = split /\|/, decide('dc.ontime', 'ot');
+is("$a|$source", 't|redis', 'once it has passed: Redis is asked, and grants on time');
+
+# A refund made here forgets the denial: the next take goes to Redis (and is granted).
+decide('dc.refund', 'r1');
+($a, $source) = split /\|/, decide('dc.refund', 'r1');
+is("$a|$source", 'f|redis', 'denied by Redis');
+($a, $source) = split /\|/, decide('dc.refund', 'r1');
+is("$a|$source", 'f|deny_cache', 'then from the cache');
+$node->safe_psql('postgres', "SELECT rl_refund('dc.refund', 'r1', 1)");
+($a, $source) = split /\|/, decide('dc.refund', 'r1');
+is("$a|$source", 't|redis', 'after a refund here: Redis is asked, and grants');
+($a, $source) = split /\|/, decide('dc.refund', 'r1');
+is("$a|$source", 'f|redis', 'denied again');
+$node->safe_psql('postgres', "SELECT rl_reset('dc.refund', 'r1')");
+($a, $source) = split /\|/, decide('dc.refund', 'r1');
+is("$a|$source", 't|redis', 'after a reset here: Redis grants');
+
+# A larger cost would wait longer, by how much only Redis knows: it is asked.
+$node->safe_psql('postgres', q{
+	UPDATE rl_policy SET capacity = 3, refill_amount = 3 WHERE name = 'dc.refund'});
+decide('dc.refund', 'r2', 3);
+($a, $source) = split /\|/, decide('dc.refund', 'r2', 1);
+is("$a|$source", 'f|redis', 'cost 1 denied by Redis');
+($a, $source) = split /\|/, decide('dc.refund', 'r2', 2);
+is("$a|$source", 'f|redis', 'a larger cost goes to Redis');
+
+# A window's denial lasts until the window ends: remembered as well.
+decide('dc.window', 'w1');
+decide('dc.window', 'w1');
+($a, $source) = split /\|/, decide('dc.window', 'w1');
+is("$a|$source", 'f|deny_cache', 'a fixed window\'s denial is remembered');
+
+# deny_cache = false: every denial is Redis's.
+decide('dc.off', 'o1');
+$before = evalsha();
+my @sources = map { (split /\|/, decide('dc.off', 'o1'))[1] } 1 .. 5;
+is_deeply(\@sources, [ ('redis') x 5 ], 'a policy with deny_cache = false asks Redis every time');
+is(evalsha() - $before, 5, 'five calls');
+
+cmp_ok($node->safe_psql('postgres', "SELECT source_deny_cache FROM rl_stats WHERE policy = 'dc.hot'"),
+	'>=', 640, 'rl_stats counts the decisions of the deny cache');
+cmp_ok(0 + $node->safe_psql('postgres', "SELECT source_deny_cache FROM rl_stats WHERE policy = 'dc.off'"),
+	'==', 0, 'none for the policy without it');
+
+$node->stop;
+$redis->stop;
+done_testing();
