@@ -14,6 +14,9 @@ INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, idle_ttl) V
 INSERT INTO rl_policy (name, algorithm, capacity, refill_amount, refill_period, idle_ttl) VALUES
     ('bench.gcra', 'gcra', 1000000, 1000000, '1 minute', '10 minutes'),
     ('bench.fixed', 'fixed_window', 1000000, NULL, '1 hour', NULL);
+-- One token a day, taken at setup: every later decision is a denial (the deny cache's).
+INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES
+    ('bench.denied', 1, 1, '1 day');
 
 -- The baseline: the same token bucket as a user would write it without the extension,
 -- one row per subject in a logged table, locked, refilled pro rata and updated.
