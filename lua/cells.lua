@@ -68,16 +68,21 @@ local function refund_once(mark, ttl)
   return call('SET', mark, '1', 'NX', 'PX', math.max(1, math.min(ttl, 60000)))
 end
 
--- rl_peek of one check of cell algorithm X (its common.lua): KEYS its keys, ARGV the
--- clock then its numbers. The decision a take would make, nothing written.
-local function peek_one(X)
+-- One check of cell algorithm X (its common.lua): KEYS its keys, ARGV the clock then its
+-- numbers. A take (rl_consume) writes what it granted; a peek (rl_peek) is the decision a
+-- take would make, nothing written.
+local function decide_one(X, take)
   expect_args(1 + X.nargs)
   local now = X.clock and checked_clock(ARGV[1]) or nil
   local s = X.load(1, 2, now)
   local allowed = 0
   if X.try(s, s) then
     allowed = 1
-    X.undo(s, s)
+    if take then
+      X.write(s)
+    else
+      X.undo(s, s)
+    end
   else
     s.granted = false
   end

@@ -1,3 +1,3 @@
 -- sliding_log/peek.lua: the decision take would make, writing nothing (rl_peek).
 -- KEYS and ARGV as take.lua's. Replies as take.lua.
-return peek_one(SLIDING_LOG)
+return decide_one(SLIDING_LOG, false)

@@ -3,4 +3,4 @@
 -- ARGV     "now" in ms for tests (empty: Redis TIME), then capacity units, rate, unit,
 --          cost in tokens, TTL in ms
 -- Replies {allowed (0|1), remaining tokens, retry_after_ms, reset_after_ms}.
-return peek_one(TOKEN_BUCKET)
+return decide_one(TOKEN_BUCKET, false)

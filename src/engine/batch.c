@@ -10,10 +10,8 @@
  */
 #include "prelude.h"
 
-#include "base/clock.h"
 #include "engine/batch.h"
 #include "engine/observer.h"
-#include "redis/deadline.h"
 
 /* Decides at most BATCH_MAX_DECISIONS checked requests into decisions. */
 static void
@@ -38,15 +36,11 @@ batch_run_chunk(const DecisionRequest *requests, Decision *decisions, int count)
 		asked[ncalls++] = i;
 	}
 	/*
-	 * While a node's breaker is open, its calls are not sent at all. Redis
-	 * runs a batch's scripts one after another: its deadline is one
-	 * command_timeout per thousand calls (a cancel is served all along).
+	 * While a node's breaker is open, its calls are not sent at all; the
+	 * deadline grows with the batch (redis/pipeline.c).
 	 */
 	if (ncalls > 0)
-		(void) redis_run_scripts(calls, ncalls,
-								 clock_monotonic_us() + (int64) deadline_command_timeout_ms * 1000 *
-								 (1 + (ncalls - 1) / 1000),
-								 &failure);
+		(void) redis_run_scripts(calls, ncalls, 0, &failure);
 	for (int n = 0; n < ncalls; n++)
 	{
 		RedisCall  *call = &calls[n];

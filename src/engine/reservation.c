@@ -119,26 +119,6 @@ reservation_remember(const DecisionRequest *request, DecisionSource source)
 	MemoryContextSwitchTo(old_context);
 }
 
-/* Decides a checked take like rl_consume, and remembers what it took for a rollback. */
-void
-reservation_take(const DecisionRequest *request, Decision *decision)
-{
-	DecisionRequest take = *request;
-	StringInfoData key;
-
-	/* The key is built once: for the take, and for the refund. */
-	initStringInfo(&key);
-	subject_build_key(&key, &take.policy, take.subject, take.length);
-	take.key = key.data;
-	/* A window algorithm's refund goes back to this window, whenever it comes. */
-	take.at_ms = clock_now_ms();
-	decision_run(&take, decision);
-	if (decision->allowed &&
-		(decision->source == DECISION_SOURCE_REDIS || decision->source == DECISION_SOURCE_LOCAL))
-		reservation_remember(&take, decision->source);
-	pfree(key.data);
-}
-
 /*
  * Decides checked takes like rl_consume_many, in one round trip per node, and
  * remembers what each took for a rollback (a statement trigger's subjects).
@@ -169,4 +149,11 @@ reservation_take_many(const DecisionRequest *requests, Decision *decisions, int 
 		pfree((char *) takes[i].key);
 	}
 	pfree(takes);
+}
+
+/* Decides a checked take like rl_consume, and remembers what it took for a rollback. */
+void
+reservation_take(const DecisionRequest *request, Decision *decision)
+{
+	reservation_take_many(request, decision, 1);
 }

@@ -331,8 +331,14 @@ node_exchange(Pipeline *pipeline, RedisFailure *failure)
 		reopened |= opened;
 		if (pipeline->first_sent_us == 0)
 			pipeline->first_sent_us = clock_monotonic_us();
+		/*
+		 * Without the caller's deadline: command_timeout from the run's first
+		 * byte, once per thousand calls (Redis runs a batch's scripts one
+		 * after another).
+		 */
 		request_deadline = pipeline->deadline != 0 ? pipeline->deadline :
-			pipeline->first_sent_us + (int64) deadline_command_timeout_ms * 1000;
+			pipeline->first_sent_us + (int64) deadline_command_timeout_ms * 1000 *
+			(1 + (pipeline->ncalls - 1) / 1000);
 		/*
 		 * A redirect, or the next node of a batch, with the deadline spent
 		 * (connecting took it): nothing goes out, and this says nothing of the

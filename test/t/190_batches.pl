@@ -13,6 +13,7 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use Time::HiRes qw(time usleep);
 
 use RateLimitTest;
 
@@ -27,7 +28,8 @@ $node->safe_psql(
 	INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, fail_mode) VALUES
 	  ('b.many', 5, 1, '1 day', 'closed'),
 	  ('b.twin', 5, 1, '1 day', 'closed'),
-	  ('b.rows', 3, 1, '1 day', 'closed');
+	  ('b.rows', 3, 1, '1 day', 'closed'),
+	  ('b.open', 3, 1, '1 day', 'open');
 	INSERT INTO rl_policy (name, algorithm, capacity, refill_period, fail_mode) VALUES
 	  ('b.window', 'fixed_window', 4, '1000 days', 'closed'),
 	  ('b.window_twin', 'fixed_window', 4, '1000 days', 'closed');
@@ -124,6 +126,32 @@ is($node->safe_psql('postgres', "SELECT remaining FROM rl_peek('b.rows', 'row_2'
 	  . $node->safe_psql('postgres', "SELECT remaining FROM rl_peek('b.rows', 'row_9999')"),
 	'2|2', 'the other subjects were given their tokens back');
 is($node->safe_psql('postgres', 'SELECT count(*) FROM b_rows'), '10000', 'and the rows were not written');
+
+# Redis down: every subject is decided by its policy's fail mode, on its own.
+is($node->safe_psql('postgres', "SET ratelimit.redis_url = 'redis://127.0.0.1:1'; "
+	  . "SELECT string_agg(allowed || ' ' || source, ',') FROM rl_consume_many('b.open', ARRAY['d1', 'd2', 'd3'])"),
+	'true fail_open,true fail_open,true fail_open', "Redis down: an 'open' policy's batch is allowed, fail_open");
+is($node->safe_psql('postgres', "SET ratelimit.redis_url = 'redis://127.0.0.1:1'; "
+	  . "SELECT string_agg(allowed || ' ' || source, ',') FROM rl_consume_many('b.many', ARRAY['d1', 'd2'])"),
+	'false fail_closed,false fail_closed', "a 'closed' one's denied, fail_closed");
+
+# Redis silent (paused) during a batch with a long deadline: a cancel ends it at once.
+my $s = session($node, options => '-c ratelimit.command_timeout=60s');
+my $pid = $s->query_ok('SELECT pg_backend_pid()');
+$redis->pause;
+$s->start_query("SELECT count(*) FROM rl_consume_many('b.many', "
+	  . "ARRAY(SELECT 'c' || g FROM generate_series(1, 1000) g))");
+usleep(300_000);
+ok(!$s->done, 'a batch waits while Redis is silent');
+my $cancelled_at = time;
+$node->safe_psql('postgres', "SELECT pg_cancel_backend($pid)");
+my ($cancel_out, $cancel_err) = $s->wait_result(10);
+like($cancel_err, qr/canceling statement due to user request/, 'pg_cancel_backend cancels the batch');
+cmp_ok(time - $cancelled_at, '<', 1, 'within a second of the cancel');
+$redis->resume;
+is($s->query_ok("SELECT source FROM rl_consume('b.many', 'after_cancel')"), 'redis',
+	'and the session decides by Redis again');
+$s->quit;
 
 $far->quit;
 $proxy->stop;
