@@ -16,7 +16,7 @@ PG_CFLAGS = -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-in
 
 # pg_regress runs against a private server with the library preloaded; dev/run-tests
 # writes the settings file (it names the Redis that the tests start).
-REGRESS = setup policy errors consume enforce subjects settings failure local transactions leases multi history modes overrides headers stats algorithms roles privileges upgrade
+REGRESS = setup policy errors consume enforce subjects settings failure local transactions leases multi history modes overrides headers stats algorithms allowances roles privileges upgrade
 REGRESS_CONF ?= $(srcdir)/dev/regress.conf
 REGRESS_OPTS = --inputdir=test --temp-instance=$(CURDIR)/tmp_regress --temp-config=$(REGRESS_CONF)
 

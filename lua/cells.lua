@@ -111,3 +111,33 @@ local function refund_one(X)
   s.granted = true
   return answer_of(X, s, s, done)
 end
+
+-- A slice of a hot subject's tokens for this server's allowance (engine/allowance.c): the
+-- check's cost and as many more as the state holds now, at most ARGV[#ARGV] tokens in
+-- all, taken in one write. KEYS and ARGV as the algorithm's take, then that most (at
+-- least the cost). Answers {tokens taken (0: denied, nothing taken), remaining after,
+-- retry_after_ms (for the cost), reset_after_ms}. The tokens held are what the answer
+-- of the state says remain, exactly what a take of them would grant.
+local function slice_one(X)
+  expect_args(2 + X.nargs)
+  local now = X.clock and checked_clock(ARGV[1]) or nil
+  local s = X.load(1, 2, now)
+  local unit = s.unit or 1
+  local most = tonumber(ARGV[2 + X.nargs])
+  if not is_exact(most) or most * unit < s.cost then
+    error({err = 'ERR ratelimit slice smaller than its cost'})
+  end
+  local held = X.answer(s)
+  if held * unit < s.cost then
+    X.try(s, s)
+    s.granted = false
+    return answer_of(X, s, s, 0)
+  end
+  local taken = math.min(held, most)
+  s.cost = taken * unit
+  X.try(s, s)
+  X.write(s)
+  s.granted = true
+  local remaining, reset = X.answer(s)
+  return {taken, remaining, 0, reset}
+end

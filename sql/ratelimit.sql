@@ -181,6 +181,19 @@ CREATE TABLE @extschema@.rl_policy (
                   CHECK (@extschema@._rl_time_zone_is_valid(time_zone)),
     -- A denial from Redis is remembered on this server until its retry-after.
     deny_cache    boolean NOT NULL DEFAULT true,
+    -- A hot subject's takes granted from this server's slice of at most allowance of its
+    -- tokens, each slice used for at most allowance_ttl (NULL: every take asks Redis).
+    allowance     bigint,
+    allowance_ttl interval NOT NULL DEFAULT '1 second',
+    CONSTRAINT rl_policy_allowance_check
+        CHECK (allowance IS NULL
+               OR allowance OPERATOR(pg_catalog.>=) 1 AND allowance OPERATOR(pg_catalog.<=) capacity),
+    CONSTRAINT rl_policy_allowance_ttl_check
+        CHECK (@extschema@._rl_interval_is_whole_ms(allowance_ttl)
+               AND @extschema@._rl_interval_ms(allowance_ttl) OPERATOR(pg_catalog.<=) 3600000),
+    CONSTRAINT rl_policy_allowance_algorithm_check
+        CHECK (allowance IS NULL
+               OR algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra', 'fixed_window'])),
     CONSTRAINT rl_policy_months_check
         CHECK (algorithm OPERATOR(pg_catalog.=) 'fixed_window'
                OR NOT @extschema@._rl_interval_is_calendar_months(refill_period)),
@@ -525,27 +538,30 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.rl_installation_seq', ''
 --                    time_zone => 'Europe/Berlin');
 -- amount tokens per `per`: refilled continuously for 'token_bucket' (the default) and
 -- 'gcra', with bursts of `burst` (default: amount); at most amount in each window of `per`
--- for 'fixed_window', 'sliding_window' and 'sliding_log' (no burst). On a change, arguments
--- left NULL keep their value. The table's constraints check it like any INSERT or UPDATE,
+-- for 'fixed_window', 'sliding_window' and 'sliding_log' (no burst); an allowance slices a
+-- hot subject's tokens to each server. On a change, arguments left NULL keep their value. The table's constraints check it like any INSERT or UPDATE,
 -- and the caller needs the same rights on rl_policy.
 CREATE FUNCTION @extschema@.rl_define(name text, amount bigint, per interval,
                                       burst bigint DEFAULT NULL, fail_mode text DEFAULT NULL,
                                       idle_ttl interval DEFAULT NULL,
                                       local_share numeric DEFAULT NULL,
                                       algorithm text DEFAULT 'token_bucket',
-                                      time_zone text DEFAULT NULL)
+                                      time_zone text DEFAULT NULL,
+                                      allowance bigint DEFAULT NULL,
+                                      allowance_ttl interval DEFAULT NULL)
 RETURNS @extschema@.rl_policy
 LANGUAGE sql
 BEGIN ATOMIC
     INSERT INTO @extschema@.rl_policy AS p
         (name, algorithm, capacity, refill_amount, refill_period, idle_ttl, fail_mode, local_share,
-         time_zone)
+         time_zone, allowance, allowance_ttl)
     VALUES (rl_define.name, rl_define.algorithm, coalesce(rl_define.burst, rl_define.amount),
             CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra'])
                  THEN rl_define.amount END,
             rl_define.per, rl_define.idle_ttl,
             coalesce(rl_define.fail_mode, 'closed'), coalesce(rl_define.local_share, 1),
-            coalesce(rl_define.time_zone, 'UTC'))
+            coalesce(rl_define.time_zone, 'UTC'), rl_define.allowance,
+            coalesce(rl_define.allowance_ttl, '1 second'))
     ON CONFLICT (name) DO UPDATE
     SET algorithm = rl_define.algorithm,
         capacity = coalesce(rl_define.burst, rl_define.amount),
@@ -557,7 +573,9 @@ BEGIN ATOMIC
         fail_mode = coalesce(rl_define.fail_mode, p.fail_mode),
         local_share = coalesce(rl_define.local_share, p.local_share),
         time_zone = coalesce(rl_define.time_zone, CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) 'fixed_window'
-                                                      THEN p.time_zone ELSE 'UTC' END)
+                                                      THEN p.time_zone ELSE 'UTC' END),
+        allowance = coalesce(rl_define.allowance, p.allowance),
+        allowance_ttl = coalesce(rl_define.allowance_ttl, p.allowance_ttl)
     RETURNING *;
 END;
 
@@ -747,6 +765,7 @@ CREATE FUNCTION @extschema@._rl_stats_read(
     OUT source_override bigint,
     OUT source_disabled bigint,
     OUT source_deny_cache bigint,
+    OUT source_allowance bigint,
     OUT redis_calls bigint,
     OUT redis_errors jsonb,
     OUT latency_p50_ms double precision,

@@ -20,6 +20,7 @@
 #include "functions/enforce.h"
 #include "local/buckets.h"
 #include "local/deny_cache.h"
+#include "local/slices.h"
 #include "observe/observe.h"
 #include "observe/stats.h"
 #include "policy/cache.h"
@@ -76,11 +77,13 @@ ratelimit_shmem_request(void)
 	size = add_size(size, breaker_shmem_size());
 	size = add_size(size, local_shmem_size());
 	size = add_size(size, deny_cache_shmem_size());
+	size = add_size(size, slices_shmem_size());
 	size = add_size(size, policy_shmem_size());
 	size = add_size(size, stats_shmem_size());
 	RequestAddinShmemSpace(size);
 	local_shmem_request();
 	deny_cache_shmem_request();
+	slices_shmem_request();
 	stats_shmem_request();
 }
 
@@ -95,6 +98,7 @@ ratelimit_shmem_startup(void)
 	breaker_shmem_init();
 	local_shmem_init();
 	deny_cache_shmem_init();
+	slices_shmem_init();
 	policy_shmem_init();
 	stats_shmem_init();
 	LWLockRelease(AddinShmemInitLock);
@@ -118,6 +122,7 @@ _PG_init(void)
 	/* local, policy */
 	local_init(preloaded);
 	deny_cache_init(preloaded);
+	slices_init(preloaded);
 	subject_init();
 	policy_cache_init();
 	/* engine, observe, functions */

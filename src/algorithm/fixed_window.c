@@ -20,6 +20,7 @@ static const LuaScript peek_script_plain = LUA_SCRIPT("fixed_window/peek", scrip
 static const LuaScript peek_script = LUA_PEEK_SCRIPT("fixed_window/peek", script_fixed_window_peek, &peek_script_plain);
 static const LuaScript refund_script = LUA_SCRIPT("fixed_window/refund",
 												  script_fixed_window_refund);
+static const LuaScript slice_script = LUA_SCRIPT("fixed_window/slice", script_fixed_window_slice);
 
 /* The key and the 4 numbers of a check at at_ms: capacity, cost, ms left in the window, TTL. */
 static void
@@ -48,7 +49,8 @@ fixed_window_call(const BucketParams *params, BucketMode mode, const char *key, 
 {
 	fixed_window_part(params, key, cost, at_ms, call);
 	call->script = mode == BUCKET_PEEK ? &peek_script :
-		mode == BUCKET_REFUND ? &refund_script : &take_script;
+		mode == BUCKET_REFUND ? &refund_script :
+		mode == BUCKET_SLICE ? &slice_script : &take_script;
 	if (refund_mark != NULL)
 		call->keys[call->nkeys++] = refund_mark;
 }

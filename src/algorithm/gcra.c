@@ -21,6 +21,7 @@ static const LuaScript take_script = LUA_SCRIPT("gcra/take_one", script_gcra_tak
 static const LuaScript peek_script_plain = LUA_SCRIPT("gcra/peek", script_gcra_peek_plain);
 static const LuaScript peek_script = LUA_PEEK_SCRIPT("gcra/peek", script_gcra_peek, &peek_script_plain);
 static const LuaScript refund_script = LUA_SCRIPT("gcra/refund", script_gcra_refund);
+static const LuaScript slice_script = LUA_SCRIPT("gcra/slice", script_gcra_slice);
 
 /*
  * Fills params for GCRA: the token bucket's exact units, with the rate
@@ -54,7 +55,8 @@ gcra_call(const BucketParams *params, BucketMode mode, const char *key, int64 co
 {
 	token_bucket_group_part(params, key, cost, at_ms, call);
 	call->script = mode == BUCKET_PEEK ? &peek_script :
-		mode == BUCKET_REFUND ? &refund_script : &take_script;
+		mode == BUCKET_REFUND ? &refund_script :
+		mode == BUCKET_SLICE ? &slice_script : &take_script;
 	if (refund_mark != NULL)
 		call->keys[call->nkeys++] = refund_mark;
 }

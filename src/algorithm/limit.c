@@ -51,6 +51,19 @@ limit_refills(Algorithm algorithm)
 }
 
 /*
+ * True for the algorithms an allowance may slice: a slice's tokens are spent
+ * after they were taken, which the refilling algorithms and the fixed window
+ * (a slice lives no longer than its window) count exactly; the sliding
+ * algorithms weigh each token by when it was taken, and would count a
+ * slice's late ones early.
+ */
+bool
+limit_slices(Algorithm algorithm)
+{
+	return limit_refills(algorithm) || algorithm == ALGORITHM_FIXED_WINDOW;
+}
+
+/*
  * Fills params from a policy row's limits: capacity, and a refill (refilling
  * algorithms) or a window (window algorithms: period, no refill_amount).
  * idle_ttl_ms 0 means the algorithm's own TTL. Returns false when the row is

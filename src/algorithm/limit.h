@@ -85,7 +85,8 @@ typedef enum BucketMode
 {
 	BUCKET_TAKE,				/* take cost tokens if they are all there */
 	BUCKET_PEEK,				/* the same decision, nothing taken */
-	BUCKET_REFUND				/* give cost tokens back, never above capacity */
+	BUCKET_REFUND,				/* give cost tokens back, never above capacity */
+	BUCKET_SLICE				/* take cost and more, up to a most, for an allowance */
 } BucketMode;
 
 /* What a call answers: the script's reply. */
@@ -148,6 +149,7 @@ typedef struct LimitOps
 extern Algorithm limit_algorithm(const char *name);
 extern const char *limit_algorithm_name(Algorithm algorithm);
 extern bool limit_refills(Algorithm algorithm);
+extern bool limit_slices(Algorithm algorithm);
 extern bool limit_params_init(BucketParams *params, Algorithm algorithm, int64 capacity,
 							  int64 refill_amount, const Interval *period,
 							  int64 idle_ttl_ms, const char *time_zone);

@@ -41,6 +41,7 @@ static void
 sliding_log_call(const BucketParams *params, BucketMode mode, const char *key, int64 cost,
 				 int64 at_ms, const char *refund_mark, LimitCall *call)
 {
+	Assert(mode != BUCKET_SLICE);	/* limit_slices: never sliced */
 	sliding_log_part(params, key, cost, at_ms, call);
 	call->script = mode == BUCKET_PEEK ? &peek_script :
 		mode == BUCKET_REFUND ? &refund_script : &take_script;

@@ -20,6 +20,7 @@ static const LuaScript take_one_script = LUA_SCRIPT("token_bucket/take_one",
 static const LuaScript peek_script_plain = LUA_SCRIPT("token_bucket/peek", script_token_bucket_peek_plain);
 static const LuaScript peek_script = LUA_PEEK_SCRIPT("token_bucket/peek", script_token_bucket_peek, &peek_script_plain);
 static const LuaScript refund_script = LUA_SCRIPT("token_bucket/refund", script_token_bucket_refund);
+static const LuaScript slice_script = LUA_SCRIPT("token_bucket/slice", script_token_bucket_slice);
 
 /* One bucket of a group: its key and TOKEN_BUCKET_ARGS numbers (GCRA's too). */
 void
@@ -45,7 +46,8 @@ token_bucket_call(const BucketParams *params, BucketMode mode, const char *key, 
 {
 	token_bucket_group_part(params, key, cost, at_ms, call);
 	call->script = mode == BUCKET_PEEK ? &peek_script :
-		mode == BUCKET_REFUND ? &refund_script : &take_one_script;
+		mode == BUCKET_REFUND ? &refund_script :
+		mode == BUCKET_SLICE ? &slice_script : &take_one_script;
 	if (refund_mark != NULL)
 		call->keys[call->nkeys++] = refund_mark;
 }

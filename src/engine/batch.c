@@ -5,52 +5,101 @@
  *	  reply is read (redis/pipeline.c groups them by node, each node's in one
  *	  exchange), so a batch costs one round trip and a deadline, not one per
  *	  decision. Each decision is exactly what decision_run would have made:
- *	  fixed answers, a denial remembered, Redis, or its own policy's fail
- *	  mode when its node did not answer; then shadow mode.
+ *	  fixed answers, a denial remembered, a slice held here (a hot subject
+ *	  named again in the same batch asks Redis for its cost alone while its
+ *	  first take fetches the slice), Redis, or its own policy's fail mode when
+ *	  its node did not answer; then shadow mode.
  */
 #include "prelude.h"
 
 #include "engine/batch.h"
 #include "engine/observer.h"
 
+/* Ends every fetch of a slice the batch began (an error while Redis was asked). */
+static void
+abandon_all(const AllowancePlan *plans, int count)
+{
+	for (int i = 0; i < count; i++)
+		allowance_abandon(&plans[i]);
+}
+
 /* Decides at most BATCH_MAX_DECISIONS checked requests into decisions. */
 static void
 batch_run_chunk(const DecisionRequest *requests, Decision *decisions, int count)
 {
-	RedisCall  *calls = palloc0(count * sizeof(RedisCall));
+	RedisCall  *mains = palloc0(count * sizeof(RedisCall));
+	const char **keys = palloc(count * sizeof(char *));
+	AllowancePlan *plans = palloc0(count * sizeof(AllowancePlan));
 	int		   *asked = palloc(count * sizeof(int));
 	int			ncalls = 0;
+	SliceGiveBack *backs = palloc(SLICE_MAX_GIVEBACKS * sizeof(SliceGiveBack));
+	int			nbacks = 0;
+	int			room = SLICE_MAX_GIVEBACKS;
+	RedisCall  *calls;
 	RedisFailure failure = {0};
+	SliceGiveBack late[1];
 
 	for (int i = 0; i < count; i++)
 	{
 		const DecisionRequest *request = &requests[i];
+		DecisionRequest sent;
+		int			more = 0;
 
 		decision_init(&request->policy, &decisions[i]);
 		/* A refund goes to the bucket whatever answers decisions. */
 		if (request->mode != BUCKET_REFUND &&
 			(decision_fixed(&request->policy, &decisions[i]) ||
-			 decision_denied_before(request, &decisions[i])))
+			 decision_denied_before(request, &decisions[i]) ||
+			 decision_from_slice(request, &plans[i], &backs[nbacks], &more, &decisions[i])))
 			continue;
-		decision_redis_call(request, &calls[ncalls]);
+		nbacks += more;
+		if (nbacks + SLICE_MAX_GIVEBACKS > room)
+		{
+			room *= 2;
+			backs = repalloc(backs, room * sizeof(SliceGiveBack));
+		}
+		sent = *request;
+		sent.key = keys[ncalls] = decision_key(request);
+		allowance_request(&plans[i], &sent);
+		decision_redis_call(&sent, &mains[ncalls]);
 		asked[ncalls++] = i;
 	}
+	/* Slices given back go first: a slice taken after them may take their tokens again. */
+	calls = palloc0(Max(nbacks + ncalls, 1) * sizeof(RedisCall));
+	for (int b = 0; b < nbacks; b++)
+		decision_give_back_call(&backs[b], &calls[b]);
+	memcpy(&calls[nbacks], mains, ncalls * sizeof(RedisCall));
 	/*
 	 * While a node's breaker is open, its calls are not sent at all; the
 	 * deadline grows with the batch (redis/pipeline.c).
 	 */
-	if (ncalls > 0)
-		(void) redis_run_scripts(calls, ncalls, 0, &failure);
+	if (nbacks + ncalls > 0)
+	{
+		PG_TRY();
+		{
+			(void) redis_run_scripts(calls, nbacks + ncalls, 0, &failure);
+		}
+		PG_CATCH();
+		{
+			abandon_all(plans, count);
+			PG_RE_THROW();
+		}
+		PG_END_TRY();
+	}
 	for (int n = 0; n < ncalls; n++)
 	{
-		RedisCall  *call = &calls[n];
+		RedisCall  *call = &calls[nbacks + n];
 		const DecisionRequest *request = &requests[asked[n]];
+		AllowancePlan *plan = &plans[asked[n]];
 		Decision   *decision = &decisions[asked[n]];
 		RedisFailure outcome = call->failure.kind != REDIS_FAILURE_NONE ? call->failure : failure;
-		bool		answered = call->answered &&
+		bool		answered = call->answered && allowance_reply(plan, call->results, &outcome) &&
 			decision_from_reply(call->results, decision, &outcome);
 
 		engine_observe_redis(&request->policy, answered, &outcome, call->round_trip_us);
+		if (allowance_after(plan, keys[n], answered, answered && decision->allowed,
+							&decision->remaining, decision->reset_after_ms, late))
+			decision_give_back(late, 1);
 		decision_remember_denial(request, decision);
 		if (!answered)
 			decision_by_fail_mode(request, call->retry_after_ms, decision);
@@ -64,6 +113,10 @@ batch_run_chunk(const DecisionRequest *requests, Decision *decisions, int count)
 	}
 	pfree(calls);
 	pfree(asked);
+	pfree(mains);
+	pfree(keys);
+	pfree(plans);
+	pfree(backs);
 }
 
 /*

@@ -22,21 +22,6 @@
 /* Forgets a bucket (or a lease set), whatever the algorithm. */
 static const LuaScript reset_script = LUA_SCRIPT("reset", script_reset);
 
-/* The local bucket's key: database, policy, version and subject, hashed (never 0). */
-static uint64
-local_key(const DecisionRequest *request)
-{
-	const Policy *policy = &request->policy;
-	uint64		seed = hash_bytes_extended((const unsigned char *) policy->name,
-										   strlen(policy->name),
-										   (((uint64) MyDatabaseId << 32) | (uint32) policy->version) ^
-										   policy->installation);
-	uint64		key = hash_bytes_extended((const unsigned char *) request->subject,
-										  request->length, seed);
-
-	return key != 0 ? key : 1;
-}
-
 /* True when the policy's local bucket can decide this request while Redis cannot. */
 bool
 decision_local_possible(const DecisionRequest *request)
@@ -57,7 +42,7 @@ decision_local(const DecisionRequest *request, BucketMode mode, Decision *decisi
 	int64		now_ms = mode == BUCKET_REFUND && !limit_refills(params->algorithm) ?
 		request_at_ms(request) : clock_now_ms();
 
-	local_apply(params, local_key(request), now_ms, Min(request->cost, params->capacity), mode,
+	local_apply(params, request_local_key(request), now_ms, Min(request->cost, params->capacity), mode,
 				&result);
 	decision->allowed = result.allowed;
 	decision->remaining = result.remaining;
@@ -116,7 +101,8 @@ decision_key(const DecisionRequest *request)
  * refund's mark after them), the clock and the algorithm's numbers, and room
  * for the reply, all allocated in the current memory context. (At most 10
  * arguments: a Redis that wants a password we were not given answers NOAUTH
- * only to at most 10, and NOAUTH is what says why.)
+ * only to at most 10, and NOAUTH is what says why. A slice's take has 11, but
+ * only a subject that Redis granted before is sliced.)
  */
 void
 decision_redis_call(const DecisionRequest *request, RedisCall *call)
@@ -134,10 +120,13 @@ decision_redis_call(const DecisionRequest *request, RedisCall *call)
 	limit_ops(params)->call(params, request->mode, key, request->cost, request_at_ms(request),
 							mark, &part);
 	keys = palloc(part.nkeys * sizeof(char *));
-	args = palloc((1 + part.nargs) * sizeof(char *));
+	args = palloc((2 + part.nargs) * sizeof(char *));
 	memcpy(keys, part.keys, part.nkeys * sizeof(char *));
 	args[0] = clock_test_ms();
 	memcpy(&args[1], part.args, part.nargs * sizeof(char *));
+	/* A slice's take: the take's numbers and the most to take. */
+	if (request->mode == BUCKET_SLICE)
+		args[1 + part.nargs++] = psprintf(INT64_FORMAT, request->slice_most);
 
 	memset(call, 0, sizeof(*call));
 	call->script = part.script;
@@ -212,7 +201,7 @@ decision_denied_before(const DecisionRequest *request, Decision *decision)
 	if (request->mode != BUCKET_TAKE || !deny_cache_usable(request))
 		return false;
 	now_ms = clock_now_ms();
-	if (!deny_cache_find(local_key(request), request->cost, now_ms, &entry))
+	if (!deny_cache_find(request_local_key(request), request->cost, now_ms, &entry))
 		return false;
 	decision->allowed = false;
 	decision->remaining = entry.remaining;
@@ -232,7 +221,7 @@ decision_remember_denial(const DecisionRequest *request, const Decision *decisio
 	if (!deny_cache_usable(request))
 		return;
 	if (request->mode == BUCKET_REFUND)
-		deny_cache_forget(local_key(request));
+		deny_cache_forget(request_local_key(request));
 	else if (request->mode == BUCKET_TAKE && decision->source == DECISION_SOURCE_REDIS &&
 			 !decision->allowed && decision->retry_after_ms > 0)
 	{
@@ -244,7 +233,7 @@ decision_remember_denial(const DecisionRequest *request, const Decision *decisio
 			.reset_until_ms = now_ms + decision->reset_after_ms,
 		};
 
-		deny_cache_remember(local_key(request), &entry, now_ms);
+		deny_cache_remember(request_local_key(request), &entry, now_ms);
 	}
 }
 
@@ -258,28 +247,116 @@ decision_init(const Policy *policy, Decision *decision)
 	decision->capacity = policy->bucket.capacity;
 }
 
-/* Runs a checked request: Redis while it answers, else the policy's fail mode. */
+/*
+ * For a take whose subject's slice here can grant it: fills decision and
+ * returns true (remaining: what Redis had left when the slice was taken and
+ * what the slice still holds). Else plan says what to ask Redis, with the
+ * slices to give back in backs.
+ */
+bool
+decision_from_slice(const DecisionRequest *request, AllowancePlan *plan, SliceGiveBack *backs,
+					int *nbacks, Decision *decision)
+{
+	SliceGrant	grant;
+
+	if (!allowance_before(request, plan, &grant, backs, nbacks))
+		return false;
+	decision->allowed = true;
+	decision->remaining = grant.remaining + grant.left;
+	decision->retry_after_ms = 0;
+	decision->reset_after_ms = Max(grant.reset_until_ms - plan->ask.now_ms, 0);
+	decision->source = DECISION_SOURCE_ALLOWANCE;
+	return true;
+}
+
+/* The refund of a slice's tokens not granted, as a call. */
+void
+decision_give_back_call(const SliceGiveBack *back, RedisCall *call)
+{
+	DecisionRequest request;
+
+	allowance_give_back_request(back, &request);
+	decision_redis_call(&request, call);
+}
+
+/* Gives slices' tokens back to Redis now (a slice fetched while another was). */
+void
+decision_give_back(const SliceGiveBack *backs, int nbacks)
+{
+	RedisCall  *calls = palloc0(Max(nbacks, 1) * sizeof(RedisCall));
+	RedisFailure failure;
+
+	for (int i = 0; i < nbacks; i++)
+		decision_give_back_call(&backs[i], &calls[i]);
+	/* Tokens that cannot be given back are lost, never granted twice. */
+	if (nbacks > 0)
+		(void) redis_run_scripts(calls, nbacks, 0, &failure);
+	pfree(calls);
+}
+
+/*
+ * Asks Redis for request (a slice of it when plan says so), with the slices
+ * in backs given back first in the same round trip, and fills decision: by
+ * Redis, or by the fail mode.
+ */
+static void
+decide_by_redis(const DecisionRequest *request, AllowancePlan *plan, const SliceGiveBack *backs,
+				int nbacks, Decision *decision)
+{
+	RedisCall	calls[1 + SLICE_MAX_GIVEBACKS];
+	RedisCall  *call = &calls[nbacks];
+	DecisionRequest sent = *request;
+	RedisFailure failure = {0};
+	RedisFailure outcome;
+	SliceGiveBack back;
+	bool		answered;
+
+	for (int i = 0; i < nbacks; i++)
+		decision_give_back_call(&backs[i], &calls[i]);
+	sent.key = decision_key(request);
+	allowance_request(plan, &sent);
+	decision_redis_call(&sent, call);
+	/* While its node's breaker is open, Redis is not asked at all. */
+	PG_TRY();
+	{
+		(void) redis_run_scripts(calls, nbacks + 1, 0, &failure);
+	}
+	PG_CATCH();
+	{
+		allowance_abandon(plan);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	outcome = call->failure.kind != REDIS_FAILURE_NONE ? call->failure : failure;
+	answered = call->answered && allowance_reply(plan, call->results, &outcome) &&
+		decision_from_reply(call->results, decision, &outcome);
+	engine_observe_redis(&request->policy, answered, &outcome, call->round_trip_us);
+	if (allowance_after(plan, sent.key, answered, answered && decision->allowed,
+						&decision->remaining, decision->reset_after_ms, &back))
+		decision_give_back(&back, 1);
+	decision_remember_denial(request, decision);
+	if (!answered)
+		decision_by_fail_mode(request, call->retry_after_ms, decision);
+}
+
+/*
+ * Runs a checked request: a fixed answer, a denial remembered, the subject's
+ * slice here, else Redis while it answers, else the policy's fail mode.
+ */
 void
 decision_run(const DecisionRequest *request, Decision *decision)
 {
 	const Policy *policy = &request->policy;
-	RedisAsk	ask = {.decision = decision};
-	RedisFailure failure;
-	bool		answered;
+	AllowancePlan plan = {0};
+	SliceGiveBack backs[SLICE_MAX_GIVEBACKS];
+	int			nbacks = 0;
 
 	decision_init(policy, decision);
 	/* A refund goes to the bucket whatever answers decisions. */
 	if (request->mode == BUCKET_REFUND ||
-		(!decision_fixed(policy, decision) && !decision_denied_before(request, decision)))
-	{
-		decision_redis_call(request, &ask.call);
-		/* While its node's breaker is open, Redis is not asked at all. */
-		answered = ask_redis(&ask, &failure);
-		engine_observe_redis(policy, answered, &failure, ask.call.round_trip_us);
-		decision_remember_denial(request, decision);
-		if (!answered)
-			decision_by_fail_mode(request, ask.call.retry_after_ms, decision);
-	}
+		(!decision_fixed(policy, decision) && !decision_denied_before(request, decision) &&
+		 !decision_from_slice(request, &plan, backs, &nbacks, decision)))
+		decide_by_redis(request, &plan, backs, nbacks, decision);
 	if (request->mode != BUCKET_REFUND)
 		decision_shadow(policy, decision);
 	if (request->mode == BUCKET_TAKE)
@@ -309,7 +386,7 @@ decision_reset(const DecisionRequest *request)
 	engine_observe_redis(&request->policy, answered, &failure, ask.call.round_trip_us);
 	/* A denial remembered for it is forgotten, whatever Redis said. */
 	if (deny_cache_usable(request))
-		deny_cache_forget(local_key(request));
+		deny_cache_forget(request_local_key(request));
 	return answered;
 }
 
@@ -403,6 +480,8 @@ decision_source_name(DecisionSource source)
 			return "override";
 		case DECISION_SOURCE_DENY_CACHE:
 			return "deny_cache";
+		case DECISION_SOURCE_ALLOWANCE:
+			return "allowance";
 		case DECISION_SOURCE_FAIL_CLOSED:
 			break;
 	}

@@ -5,6 +5,7 @@
 #ifndef RL_DECISION_H
 #define RL_DECISION_H
 
+#include "engine/allowance.h"
 #include "engine/request.h"
 #include "redis/pipeline.h"
 
@@ -18,10 +19,11 @@ typedef enum DecisionSource
 	DECISION_SOURCE_SHADOW,		/* a shadow policy would have denied: allowed anyway */
 	DECISION_SOURCE_DISABLED,	/* a disabled policy: allowed, nothing counted */
 	DECISION_SOURCE_OVERRIDE,	/* the subject's 'allow' or 'deny' override */
-	DECISION_SOURCE_DENY_CACHE	/* a denial from Redis remembered until its retry-after */
+	DECISION_SOURCE_DENY_CACHE, /* a denial from Redis remembered until its retry-after */
+	DECISION_SOURCE_ALLOWANCE	/* granted from this server's slice of the subject's tokens */
 } DecisionSource;
 
-#define DECISION_SOURCES (DECISION_SOURCE_DENY_CACHE + 1)
+#define DECISION_SOURCES (DECISION_SOURCE_ALLOWANCE + 1)
 
 typedef struct Decision
 {
@@ -50,6 +52,10 @@ extern void decision_by_fail_mode(const DecisionRequest *request, int64 retry_af
 								  Decision *decision);
 extern bool decision_denied_before(const DecisionRequest *request, Decision *decision);
 extern void decision_remember_denial(const DecisionRequest *request, const Decision *decision);
+extern bool decision_from_slice(const DecisionRequest *request, AllowancePlan *plan,
+								SliceGiveBack *backs, int *nbacks, Decision *decision);
+extern void decision_give_back_call(const SliceGiveBack *back, RedisCall *call);
+extern void decision_give_back(const SliceGiveBack *backs, int nbacks);
 extern bool decision_needs_no_bucket(const Policy *policy);
 extern bool decision_fixed(const Policy *policy, Decision *decision);
 extern void decision_shadow(const Policy *policy, Decision *decision);

@@ -10,6 +10,9 @@
  */
 #include "prelude.h"
 
+#include "common/hashfn.h"
+#include "miscadmin.h"
+
 #include "base/clock.h"
 #include "policy/cache.h"
 #include "policy/subject.h"
@@ -93,4 +96,22 @@ int64
 request_at_ms(const DecisionRequest *request)
 {
 	return request->at_ms != 0 ? request->at_ms : clock_now_ms();
+}
+
+/*
+ * The key of request's subject in shared memory (local bucket, deny cache,
+ * slice): database, policy, version and subject, hashed (never 0).
+ */
+uint64
+request_local_key(const DecisionRequest *request)
+{
+	const Policy *policy = &request->policy;
+	uint64		seed = hash_bytes_extended((const unsigned char *) policy->name,
+										   strlen(policy->name),
+										   (((uint64) MyDatabaseId << 32) | (uint32) policy->version) ^
+										   policy->installation);
+	uint64		key = hash_bytes_extended((const unsigned char *) request->subject,
+										  request->length, seed);
+
+	return key != 0 ? key : 1;
 }

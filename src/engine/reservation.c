@@ -142,10 +142,13 @@ reservation_take_many(const DecisionRequest *requests, Decision *decisions, int 
 	batch_run(takes, decisions, count);
 	for (int i = 0; i < count; i++)
 	{
+		/* A slice's tokens came from Redis: a rollback gives them back there. */
 		if (decisions[i].allowed &&
 			(decisions[i].source == DECISION_SOURCE_REDIS ||
-			 decisions[i].source == DECISION_SOURCE_LOCAL))
-			reservation_remember(&takes[i], decisions[i].source);
+			 decisions[i].source == DECISION_SOURCE_ALLOWANCE))
+			reservation_remember(&takes[i], DECISION_SOURCE_REDIS);
+		else if (decisions[i].allowed && decisions[i].source == DECISION_SOURCE_LOCAL)
+			reservation_remember(&takes[i], DECISION_SOURCE_LOCAL);
 		pfree((char *) takes[i].key);
 	}
 	pfree(takes);

@@ -132,7 +132,9 @@ headers_build(Oid function_oid, const Decision *decision, bool legacy, HeaderSet
 		return;
 
 	add_policy_field(set, decision, known ? &limits : NULL, legacy);
-	if (decision->source == DECISION_SOURCE_REDIS || decision->source == DECISION_SOURCE_LOCAL)
+	if (decision->source == DECISION_SOURCE_REDIS || decision->source == DECISION_SOURCE_LOCAL ||
+		decision->source == DECISION_SOURCE_DENY_CACHE ||
+		decision->source == DECISION_SOURCE_ALLOWANCE)
 		add_service_limit(set, decision, decision->remaining,
 						  decision_seconds_up(decision->reset_after_ms), legacy);
 	else if (decision->source == DECISION_SOURCE_OVERRIDE && !decision->allowed)
@@ -200,14 +202,14 @@ row_attribute(HeapTupleHeader row, const char *name)
 static DecisionSource
 source_from_name(const char *name)
 {
-	for (DecisionSource source = DECISION_SOURCE_REDIS; source <= DECISION_SOURCE_OVERRIDE; source++)
+	for (DecisionSource source = DECISION_SOURCE_REDIS; source < DECISION_SOURCES; source++)
 		if (strcmp(decision_source_name(source), name) == 0)
 			return source;
 	ereport(ERROR,
 			(errhidestmt(true),
 			 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 			 errmsg("decision.source \"%s\" is not a source of decisions", name),
-			 errhint("A decision's source is redis, local, fail_open, fail_closed, shadow, disabled or override.")));
+			 errhint("A decision's source is redis, local, fail_open, fail_closed, shadow, disabled, override, deny_cache or allowance.")));
 	pg_unreachable();
 }
 

@@ -167,9 +167,11 @@ histogram_jsonb(const StatsRow *row)
 static void
 stats_put_row(ReturnSetInfo *rsinfo, const StatsRow *row)
 {
-	Datum		values[20];
-	bool		nulls[20] = {0};
+	Datum		values[21];
+	bool		nulls[21] = {0};
 	int			n = 0;
+	/* Until ALTER EXTENSION UPDATE to 0.8, the function has no source_allowance. */
+	bool		allowance = rsinfo->setDesc->natts == lengthof(values);
 
 	values[n++] = CStringGetTextDatum(row->policy[0] ? row->policy : "(other)");
 	values[n++] = Int64GetDatum(row->allowed + row->denied);
@@ -184,6 +186,8 @@ stats_put_row(ReturnSetInfo *rsinfo, const StatsRow *row)
 	values[n++] = Int64GetDatum(row->by_source[DECISION_SOURCE_OVERRIDE]);
 	values[n++] = Int64GetDatum(row->by_source[DECISION_SOURCE_DISABLED]);
 	values[n++] = Int64GetDatum(row->by_source[DECISION_SOURCE_DENY_CACHE]);
+	if (allowance)
+		values[n++] = Int64GetDatum(row->by_source[DECISION_SOURCE_ALLOWANCE]);
 	values[n++] = Int64GetDatum(row->redis_calls);
 	values[n++] = failures_jsonb(row);
 	/* Without a round trip there is no latency to tell. */
@@ -193,7 +197,7 @@ stats_put_row(ReturnSetInfo *rsinfo, const StatsRow *row)
 	values[n++] = ms_datum(row->latency_max_us);
 	values[n++] = histogram_jsonb(row);
 	values[n++] = TimestampTzGetDatum(row->reset_at);
-	Assert(n == lengthof(values));
+	Assert(n == rsinfo->setDesc->natts);
 	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 }
 

@@ -207,9 +207,10 @@ stats_decision(const Decision *decision, int64 cost)
 	if (entry == NULL)
 		return;
 	count(entry, decision->allowed ? COUNT_ALLOWED : COUNT_DENIED, 1);
-	/* Tokens were taken only where a bucket granted them. */
+	/* Tokens were taken only where a bucket (or a slice of it) granted them. */
 	if (decision->allowed &&
-		(decision->source == DECISION_SOURCE_REDIS || decision->source == DECISION_SOURCE_LOCAL))
+		(decision->source == DECISION_SOURCE_REDIS || decision->source == DECISION_SOURCE_LOCAL ||
+		 decision->source == DECISION_SOURCE_ALLOWANCE))
 		count(entry, COUNT_TOKENS, (uint64) cost);
 	if (decision->source == DECISION_SOURCE_SHADOW)
 		count(entry, COUNT_SHADOW_DENIALS, 1);

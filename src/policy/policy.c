@@ -156,6 +156,9 @@ policy_load_all(HTAB *cache, Oid relid, Snapshot snapshot, uint64 installation)
 	/* Added by 0.7: until the extension is updated, every zone is UTC, denials remembered. */
 	AttrNumber	time_zone_attnum = get_attnum(RelationGetRelid(rel), "time_zone");
 	AttrNumber	deny_cache_attnum = get_attnum(RelationGetRelid(rel), "deny_cache");
+	/* Added by 0.8: until then, no allowances. */
+	AttrNumber	allowance_attnum = get_attnum(RelationGetRelid(rel), "allowance");
+	AttrNumber	allowance_ttl_attnum = get_attnum(RelationGetRelid(rel), "allowance_ttl");
 	Datum	   *values = palloc(desc->natts * sizeof(Datum));
 	bool	   *nulls = palloc(desc->natts * sizeof(bool));
 	TableScanDesc scan = table_beginscan(rel, snapshot, 0, NULL);
@@ -200,6 +203,18 @@ policy_load_all(HTAB *cache, Oid relid, Snapshot snapshot, uint64 installation)
 								   policy->bucket.time_zone, LIMIT_ZONE_LEN);
 		policy->deny_cache = deny_cache_attnum == InvalidAttrNumber ||
 			nulls[deny_cache_attnum - 1] || DatumGetBool(values[deny_cache_attnum - 1]);
+		policy->allowance = 0;
+		policy->allowance_ttl_ms = 0;
+		if (allowance_attnum != InvalidAttrNumber && allowance_ttl_attnum != InvalidAttrNumber &&
+			!nulls[allowance_attnum - 1] && !nulls[allowance_ttl_attnum - 1] &&
+			limit_slices(policy->algorithm))
+		{
+			policy->allowance = DatumGetInt64(values[allowance_attnum - 1]);
+			policy->allowance_ttl_ms =
+				policy_interval_ms(DatumGetIntervalP(values[allowance_ttl_attnum - 1]));
+			if (policy->allowance <= 0 || policy->allowance_ttl_ms <= 0)
+				policy->allowance = 0;
+		}
 		policy->local_usable = false;
 		if (policy->algorithm == ALGORITHM_CONCURRENCY)
 			/* Leases: capacity at once, each living at most idle_ttl. */

@@ -55,6 +55,8 @@ typedef struct Policy
 	Interval	period;			/* the row's refill_period: a window algorithm's window */
 	int64		idle_ttl_ms;	/* 0: null, the time to refill completely */
 	bool		deny_cache;		/* denials from Redis are remembered until their retry-after */
+	int64		allowance;		/* the most tokens of a hot subject one server slices (0: none) */
+	int64		allowance_ttl_ms;	/* how long a slice may be used */
 	double		local_share;
 	/* Set only on a request's copy, by policy_apply_override. */
 	OverrideAction override;

@@ -1,0 +1,168 @@
+/*
+ * allowance.c
+ *	  Allowances: when a subject is hot on this server, one Redis call takes a
+ *	  slice of its tokens (never more than its bucket holds, at most the
+ *	  policy's allowance) into shared memory (local/slices.c), and its takes
+ *	  are granted there, with source 'allowance', until the slice is spent or
+ *	  its allowance_ttl is up; what is left is given back to Redis.
+ *
+ * Every token granted here was taken from the bucket in Redis first, so the
+ * servers that share a bucket never grant more than it holds in total. What
+ * a slice costs the others is that its tokens are counted when they were
+ * taken, not when they are granted: at most one slice per subject and server
+ * (the allowance) is parked that way, for at most allowance_ttl, and a fixed
+ * window's slice lives no longer than its window (the sliding algorithms,
+ * which weigh each token by when it was counted, have no allowances).
+ *
+ * The decision and batch paths (decision.c, batch.c) ask before Redis
+ * (allowance_before), send a slice's take in place of the cost's
+ * (allowance_request) with the give-backs in the same round trip, read its
+ * reply (allowance_reply) and install the slice (allowance_after); an error
+ * between the two ends the fetch (allowance_abandon).
+ */
+#include "prelude.h"
+
+#include "algorithm/window.h"
+#include "base/clock.h"
+#include "engine/allowance.h"
+
+/*
+ * Before Redis is asked for a checked take: true when the subject's slice
+ * here grants it (grant filled: the slice after it); else plan says what to
+ * ask (the slice to fetch, or the cost alone), and backs holds the slices to
+ * give back in the same round trip. request must outlive plan.
+ */
+bool
+allowance_before(const DecisionRequest *request, AllowancePlan *plan, SliceGrant *grant,
+				 SliceGiveBack *backs, int *nbacks)
+{
+	const Policy *policy = &request->policy;
+
+	memset(plan, 0, sizeof(*plan));
+	*nbacks = 0;
+	if (request->mode != BUCKET_TAKE || policy->allowance <= 0 || !policy->usable ||
+		!limit_slices(policy->algorithm) || !slices_available() ||
+		request->refund_id != NULL)
+		return false;
+	plan->sliced = true;
+	plan->at_ms = request_at_ms(request);
+	plan->ask.key = request_local_key(request);
+	plan->ask.cost = request->cost;
+	plan->ask.allowance = policy->allowance;
+	plan->ask.ttl_ms = policy->allowance_ttl_ms;
+	plan->ask.params = &policy->bucket;
+	plan->ask.now_ms = clock_now_ms();
+	plan->outcome = slices_take(&plan->ask, grant, &plan->ticket, &plan->want, backs, nbacks);
+	return plan->outcome == SLICE_GRANTED;
+}
+
+/* Turns sent (a copy of the take) into the slice's take when plan fetches one. */
+void
+allowance_request(const AllowancePlan *plan, DecisionRequest *sent)
+{
+	if (plan->outcome != SLICE_FETCH)
+		return;
+	sent->mode = BUCKET_SLICE;
+	sent->slice_most = plan->want;
+}
+
+/*
+ * Reads a slice's reply, {tokens taken (0: denied), remaining, retry, reset},
+ * into plan, leaving results as a take's; false (a protocol failure) when it
+ * took less than the cost or more than was asked.
+ */
+bool
+allowance_reply(AllowancePlan *plan, long long *results, RedisFailure *failure)
+{
+	if (plan->outcome != SLICE_FETCH)
+		return true;
+	if (results[0] != 0 && (results[0] < plan->ask.cost || results[0] > plan->want))
+		return redis_fail(failure, REDIS_FAILURE_PROTOCOL, "unexpected reply");
+	plan->taken = results[0];
+	results[0] = plan->taken > 0;
+	return true;
+}
+
+/* a + b for a time in ms, saturating. */
+static int64
+later(int64 a, int64 b)
+{
+	return a > PG_INT64_MAX - b ? PG_INT64_MAX : a + b;
+}
+
+/*
+ * After Redis decided plan's take at redis_key: a fetched slice is installed
+ * (its remaining, Redis's, then counts what the slice holds too), a take of
+ * the cost alone counts in the subject's demand, a fetch that got nothing
+ * ends. Returns true when the slice could not be installed (another fetch
+ * took over, or a key too long to remember): back is then to be given back
+ * at once.
+ */
+bool
+allowance_after(AllowancePlan *plan, const char *redis_key, bool answered, bool allowed,
+				int64 *remaining, int64 reset_after_ms, SliceGiveBack *back)
+{
+	SliceGrant	slice = {0};
+	int64		now_ms = plan->ask.now_ms;
+
+	if (plan->outcome != SLICE_FETCH)
+	{
+		if (plan->sliced && answered && allowed)
+			slices_note(&plan->ask);
+		return false;
+	}
+	plan->outcome = SLICE_NONE;
+	if (!answered || !allowed)
+	{
+		slices_abandon(plan->ask.key, plan->ticket);
+		return false;
+	}
+	slice.left = plan->taken - plan->ask.cost;
+	slice.remaining = *remaining;
+	slice.reset_until_ms = later(now_ms, reset_after_ms);
+	slice.usable_until_ms = later(now_ms, plan->ask.ttl_ms);
+	slice.givable_until_ms = PG_INT64_MAX;
+	if (!limit_refills(plan->ask.params->algorithm))
+	{
+		LimitWindow window;
+
+		/* A window's tokens count in it alone: granted and given back only until it ends. */
+		window_at(plan->ask.params, plan->at_ms, &window);
+		slice.usable_until_ms = Min(slice.usable_until_ms, window.end_ms);
+		slice.givable_until_ms = window.end_ms;
+	}
+	*remaining += slice.left;
+	plan->ask.redis_key = redis_key;
+	if (strlen(redis_key) >= SLICE_KEY_LEN)
+		slice.left = 0;			/* cannot be given back: never taken */
+	if (slices_install(&plan->ask, plan->ticket, plan->at_ms, &slice) || slice.left == 0)
+		return false;
+	memset(back, 0, sizeof(*back));
+	back->params = *plan->ask.params;
+	strlcpy(back->key, redis_key, SLICE_KEY_LEN);
+	back->tokens = slice.left;
+	back->taken_ms = plan->at_ms;
+	return true;
+}
+
+/* Ends plan's fetch, if any, without a slice (an error while Redis was asked). */
+void
+allowance_abandon(const AllowancePlan *plan)
+{
+	if (plan->outcome == SLICE_FETCH)
+		slices_abandon(plan->ask.key, plan->ticket);
+}
+
+/* The refund that gives back's tokens back to the bucket (and window) they came from. */
+void
+allowance_give_back_request(const SliceGiveBack *back, DecisionRequest *request)
+{
+	memset(request, 0, sizeof(*request));
+	request->policy.algorithm = back->params.algorithm;
+	request->policy.bucket = back->params;
+	request->policy.usable = true;
+	request->key = back->key;
+	request->cost = back->tokens;
+	request->mode = BUCKET_REFUND;
+	request->at_ms = back->taken_ms;
+}

@@ -1,0 +1,367 @@
+/*
+ * slices.c
+ *	  Slices of hot subjects' tokens held by this server, in shared memory:
+ *	  the table behind allowances (engine/allowance.c says when to use it).
+ *
+ * A slot per subject (its key is the local buckets' hash of database, policy,
+ * version, installation and subject) holds at most one slice: tokens taken
+ * from the subject's bucket in Redis by one call, granted here one take at a
+ * time until they are spent or the slice's time is up. What is left then is
+ * handed out to be given back to Redis, by the take that finds it (its own
+ * subject's next take, or any take of this database that asks for a new
+ * slice in the same partition). At most one fetch of a new slice is under
+ * way per subject: while it is, the other backends ask Redis for their cost
+ * alone, so that a server never holds more than one slice of a subject.
+ *
+ * A slot also counts the tokens granted here to its subject in the current
+ * and the previous period of allowance_ttl: a subject is hot once it was
+ * granted something in them, and a new slice is that much and the cost (at
+ * most the allowance), so that a slice grows with what the subject really
+ * asks of this server and a subject asked once in a while parks nothing.
+ *
+ * The table has ratelimit.allowance_size slots in partitions with a lock
+ * each; a subject's slot is one of a few probed from its hash, and when all
+ * are taken, the least asked of those holding no live slice gives way.
+ * Losing a slot or its slice (a crash, a restart) only loses tokens.
+ */
+#include "prelude.h"
+
+#include "miscadmin.h"
+#include "port/atomics.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
+#include "utils/guc.h"
+
+#include "local/slices.h"
+
+#define SLICE_PARTITIONS 16
+#define SLICE_PROBES 4
+/* A fetch older than this was lost (its backend ended without a reply). */
+#define SLICE_FETCH_STALE_MS 10000
+#define SLICE_TRANCHE "ratelimit slices"
+
+typedef struct SliceSlot
+{
+	uint64		key;			/* 0: empty */
+	Oid			database;
+	uint32		ticket;			/* the fetch of a new slice under way (0: none) */
+	int64		fetch_ms;		/* when it began */
+	SliceGrant	slice;			/* left 0: no slice */
+	SliceGiveBack origin;		/* where the slice came from (its tokens field unused) */
+	int64		period_ms;		/* tokens granted here since period_ms ... */
+	int64		used;
+	int64		used_before;	/* ... and in the period before */
+} SliceSlot;
+
+typedef struct SliceTable
+{
+	int			slots_per_partition;
+	pg_atomic_uint32 tickets;
+	SliceSlot	slots[FLEXIBLE_ARRAY_MEMBER];
+} SliceTable;
+
+static int	allowance_size = 1000;
+
+static SliceTable *table = NULL;
+static LWLockPadded *locks = NULL;
+
+static int
+slots_per_partition(void)
+{
+	return allowance_size == 0 ? 0 :
+		Max((allowance_size + SLICE_PARTITIONS - 1) / SLICE_PARTITIONS, SLICE_PROBES);
+}
+
+/* Defines ratelimit.allowance_size; only when preloaded, since only then is there a table. */
+void
+slices_init(bool preloaded)
+{
+	if (!preloaded)
+		return;
+	DefineCustomIntVariable("ratelimit.allowance_size",
+							"Slots for slices of hot subjects' tokens in shared memory (0: no allowances).",
+							NULL, &allowance_size, 1000, 0, 1000 * 1000,
+							PGC_POSTMASTER, 0, NULL, NULL, NULL);
+}
+
+Size
+slices_shmem_size(void)
+{
+	return add_size(offsetof(SliceTable, slots),
+					mul_size(sizeof(SliceSlot), mul_size(slots_per_partition(), SLICE_PARTITIONS)));
+}
+
+void
+slices_shmem_request(void)
+{
+	RequestNamedLWLockTranche(SLICE_TRANCHE, SLICE_PARTITIONS);
+}
+
+/* Attaches to (or creates) the table; called with AddinShmemInitLock held. */
+void
+slices_shmem_init(void)
+{
+	bool		found;
+
+	table = ShmemInitStruct("ratelimit slices", slices_shmem_size(), &found);
+	if (!found)
+	{
+		memset(table, 0, slices_shmem_size());
+		table->slots_per_partition = slots_per_partition();
+		pg_atomic_init_u32(&table->tickets, 0);
+	}
+	locks = GetNamedLWLockTranche(SLICE_TRANCHE);
+}
+
+/* True when this server can hold slices: preloaded, with slots. */
+bool
+slices_available(void)
+{
+	return table != NULL && table->slots_per_partition > 0;
+}
+
+/* The slots of key's partition (its lock in *partition) and the first of its probes. */
+static SliceSlot *
+partition_of(uint64 key, int *partition, int *start)
+{
+	*partition = key % SLICE_PARTITIONS;
+	*start = (key / SLICE_PARTITIONS) % table->slots_per_partition;
+	return &table->slots[*partition * table->slots_per_partition];
+}
+
+/* key's slot among its probes, or NULL. */
+static SliceSlot *
+find(SliceSlot *slots, int start, uint64 key)
+{
+	for (int i = 0; i < SLICE_PROBES; i++)
+	{
+		SliceSlot  *slot = &slots[(start + i) % table->slots_per_partition];
+
+		if (slot->key == key)
+			return slot;
+	}
+	return NULL;
+}
+
+/* True when slot's fetch is under way (not one whose backend was lost). */
+static bool
+fetching(const SliceSlot *slot, int64 now_ms)
+{
+	return slot->ticket != 0 && now_ms >= slot->fetch_ms &&
+		now_ms - slot->fetch_ms < SLICE_FETCH_STALE_MS;
+}
+
+/* True when slot's slice may grant at now_ms (a clock stepped back before it may not). */
+static bool
+live(const SliceSlot *slot, int64 now_ms)
+{
+	return slot->slice.left > 0 && now_ms >= slot->origin.taken_ms &&
+		now_ms < slot->slice.usable_until_ms;
+}
+
+/* Starts a new period of demand when allowance_ttl has passed since the last one began. */
+static void
+rotate(SliceSlot *slot, int64 now_ms, int64 ttl_ms)
+{
+	if (now_ms >= slot->period_ms && now_ms - slot->period_ms < ttl_ms)
+		return;
+	slot->used_before = now_ms >= slot->period_ms && now_ms - slot->period_ms < 2 * ttl_ms ?
+		slot->used : 0;
+	slot->used = 0;
+	slot->period_ms = now_ms;
+}
+
+/*
+ * Empties slot's slice; what it held goes to backs, to be given back, while
+ * its tokens still count where they were taken (a window's until its end)
+ * and there is room. Tokens not handed out are lost, never granted.
+ */
+static void
+hand_back(SliceSlot *slot, int64 now_ms, SliceGiveBack *backs, int *nbacks)
+{
+	if (slot->slice.left > 0 && now_ms < slot->slice.givable_until_ms &&
+		slot->database == MyDatabaseId && *nbacks < SLICE_MAX_GIVEBACKS)
+	{
+		backs[*nbacks] = slot->origin;
+		backs[*nbacks].tokens = slot->slice.left;
+		(*nbacks)++;
+	}
+	slot->slice.left = 0;
+}
+
+/*
+ * A slot for key among its probes: an empty one, else the least asked one
+ * holding no live slice and no fetch (its slice handed back); NULL when
+ * every one is busy.
+ */
+static SliceSlot *
+claim(SliceSlot *slots, int start, const SliceAsk *ask, SliceGiveBack *backs, int *nbacks)
+{
+	SliceSlot  *chosen = NULL;
+
+	for (int i = 0; i < SLICE_PROBES; i++)
+	{
+		SliceSlot  *slot = &slots[(start + i) % table->slots_per_partition];
+
+		if (slot->key == 0)
+		{
+			chosen = slot;
+			break;
+		}
+		if (live(slot, ask->now_ms) || fetching(slot, ask->now_ms))
+			continue;
+		if (chosen == NULL || slot->used + slot->used_before < chosen->used + chosen->used_before)
+			chosen = slot;
+	}
+	if (chosen == NULL)
+		return NULL;
+	hand_back(chosen, ask->now_ms, backs, nbacks);
+	memset(chosen, 0, sizeof(*chosen));
+	chosen->key = ask->key;
+	chosen->database = MyDatabaseId;
+	chosen->period_ms = ask->now_ms;
+	return chosen;
+}
+
+/*
+ * True when slot's slice came from a bucket of ask's limits (its key, of the
+ * same subject, policy and version, is not compared: a slice taken before the
+ * key prefix changed is granted until its time is up).
+ */
+static bool
+same_origin(const SliceSlot *slot, const SliceAsk *ask)
+{
+	return memcmp(&slot->origin.params, ask->params, sizeof(BucketParams)) == 0;
+}
+
+/*
+ * One take of ask->cost for its subject: granted from the slice held here
+ * (SLICE_GRANTED, the slice after it in grant), or a new slice to fetch
+ * (SLICE_FETCH: *want tokens at most, under *ticket, which no other backend
+ * fetches meanwhile), or Redis to ask for the cost alone (SLICE_NONE). Slices
+ * to give back (the subject's own, spent too far or expired, and expired ones
+ * of the same partition when a new slice is fetched) are put in backs.
+ */
+SliceOutcome
+slices_take(const SliceAsk *ask, SliceGrant *grant, uint32 *ticket, int64 *want,
+			SliceGiveBack *backs, int *nbacks)
+{
+	int			partition;
+	int			start;
+	SliceSlot  *slots = partition_of(ask->key, &partition, &start);
+	SliceSlot  *slot;
+	SliceOutcome outcome = SLICE_NONE;
+	int64		now_ms = ask->now_ms;
+
+	*nbacks = 0;
+	LWLockAcquire(&locks[partition].lock, LW_EXCLUSIVE);
+	slot = find(slots, start, ask->key);
+	if (slot == NULL)
+		(void) claim(slots, start, ask, backs, nbacks);
+	else if (live(slot, now_ms) && slot->slice.left >= ask->cost && same_origin(slot, ask))
+	{
+		rotate(slot, now_ms, ask->ttl_ms);
+		slot->slice.left -= ask->cost;
+		slot->used += ask->cost;
+		*grant = slot->slice;
+		outcome = SLICE_GRANTED;
+	}
+	else if (!fetching(slot, now_ms))
+	{
+		int64		demand;
+
+		rotate(slot, now_ms, ask->ttl_ms);
+		hand_back(slot, now_ms, backs, nbacks);
+		for (int i = 0; i < table->slots_per_partition && *nbacks < SLICE_MAX_GIVEBACKS; i++)
+		{
+			SliceSlot  *other = &slots[i];
+
+			if (other->key != 0 && other->slice.left > 0 && !live(other, now_ms) &&
+				!fetching(other, now_ms))
+				hand_back(other, now_ms, backs, nbacks);
+		}
+		demand = slot->used + slot->used_before;
+		*want = Min(Min(ask->allowance, ask->params->capacity), demand + ask->cost);
+		if (demand > 0 && *want > ask->cost)
+		{
+			uint32		next;
+
+			do
+				next = pg_atomic_add_fetch_u32(&table->tickets, 1);
+			while (next == 0);
+			slot->ticket = *ticket = next;
+			slot->fetch_ms = now_ms;
+			outcome = SLICE_FETCH;
+		}
+	}
+	LWLockRelease(&locks[partition].lock);
+	return outcome;
+}
+
+/*
+ * Installs the slice fetched under ticket (what is left after the fetching
+ * take's cost), taken at taken_ms; false when the slot has moved on (another
+ * fetch took over, or the slot went to another subject): the caller gives it
+ * back.
+ */
+bool
+slices_install(const SliceAsk *ask, uint32 ticket, int64 taken_ms, const SliceGrant *slice)
+{
+	int			partition;
+	int			start;
+	SliceSlot  *slots = partition_of(ask->key, &partition, &start);
+	SliceSlot  *slot;
+	bool		installed = false;
+
+	LWLockAcquire(&locks[partition].lock, LW_EXCLUSIVE);
+	slot = find(slots, start, ask->key);
+	if (slot != NULL && slot->ticket == ticket)
+	{
+		slot->ticket = 0;
+		slot->slice = *slice;
+		slot->origin.params = *ask->params;
+		strlcpy(slot->origin.key, ask->redis_key, SLICE_KEY_LEN);
+		slot->origin.taken_ms = taken_ms;
+		slot->origin.tokens = 0;
+		rotate(slot, ask->now_ms, ask->ttl_ms);
+		slot->used += ask->cost;
+		installed = true;
+	}
+	LWLockRelease(&locks[partition].lock);
+	return installed;
+}
+
+/* Ends the fetch under ticket without a slice (Redis denied, failed, or the call was cancelled). */
+void
+slices_abandon(uint64 key, uint32 ticket)
+{
+	int			partition;
+	int			start;
+	SliceSlot  *slots = partition_of(key, &partition, &start);
+	SliceSlot  *slot;
+
+	LWLockAcquire(&locks[partition].lock, LW_EXCLUSIVE);
+	slot = find(slots, start, key);
+	if (slot != NULL && slot->ticket == ticket)
+		slot->ticket = 0;
+	LWLockRelease(&locks[partition].lock);
+}
+
+/* Counts ask's cost, granted by Redis alone, in its subject's demand. */
+void
+slices_note(const SliceAsk *ask)
+{
+	int			partition;
+	int			start;
+	SliceSlot  *slots = partition_of(ask->key, &partition, &start);
+	SliceSlot  *slot;
+
+	LWLockAcquire(&locks[partition].lock, LW_EXCLUSIVE);
+	slot = find(slots, start, ask->key);
+	if (slot != NULL)
+	{
+		rotate(slot, ask->now_ms, ask->ttl_ms);
+		slot->used += ask->cost;
+	}
+	LWLockRelease(&locks[partition].lock);
+}

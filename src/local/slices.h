@@ -1,0 +1,66 @@
+/*
+ * slices.h
+ *	  Slices of hot subjects' tokens held by this server (allowances), in
+ *	  shared memory.
+ */
+#ifndef RL_SLICES_H
+#define RL_SLICES_H
+
+#include "algorithm/limit.h"
+
+/* Longest Redis key a slice remembers (a longer one is decided by Redis each time). */
+#define SLICE_KEY_LEN 256
+/* Most give-backs one take of the table hands out: its own and a few expired ones. */
+#define SLICE_MAX_GIVEBACKS 4
+
+/* Tokens taken from Redis and not granted, to give back to where they came from. */
+typedef struct SliceGiveBack
+{
+	BucketParams params;
+	char		key[SLICE_KEY_LEN]; /* the subject's base key */
+	int64		tokens;
+	int64		taken_ms;		/* when they were taken: a window's go back to its window */
+} SliceGiveBack;
+
+/* One take's question to the table. */
+typedef struct SliceAsk
+{
+	uint64		key;			/* the subject's hash (as the local buckets' key) */
+	int64		cost;
+	int64		allowance;		/* the most tokens one slice holds */
+	int64		ttl_ms;			/* how long a slice may be used */
+	const BucketParams *params;
+	const char *redis_key;		/* set for slices_install only */
+	int64		now_ms;
+} SliceAsk;
+
+typedef enum SliceOutcome
+{
+	SLICE_NONE,					/* ask Redis for the cost alone (cold, or a fetch under way) */
+	SLICE_GRANTED,				/* granted from the slice */
+	SLICE_FETCH					/* ask Redis for a slice (the ticket says whose) */
+} SliceOutcome;
+
+/* A slice, as a grant from it or its installation reads it. */
+typedef struct SliceGrant
+{
+	int64		left;			/* tokens still in the slice */
+	int64		remaining;		/* Redis's remaining when the slice was taken */
+	int64		reset_until_ms; /* Redis's reset-after then, on this server's clock */
+	int64		usable_until_ms;	/* the slice is used until then */
+	int64		givable_until_ms;	/* what is left is given back until then (a window's end) */
+} SliceGrant;
+
+extern void slices_init(bool preloaded);
+extern Size slices_shmem_size(void);
+extern void slices_shmem_request(void);
+extern void slices_shmem_init(void);
+extern bool slices_available(void);
+extern SliceOutcome slices_take(const SliceAsk *ask, SliceGrant *grant, uint32 *ticket,
+								int64 *want, SliceGiveBack *backs, int *nbacks);
+extern bool slices_install(const SliceAsk *ask, uint32 ticket, int64 taken_ms,
+						   const SliceGrant *slice);
+extern void slices_abandon(uint64 key, uint32 ticket);
+extern void slices_note(const SliceAsk *ask);
+
+#endif							/* RL_SLICES_H */
