@@ -25,16 +25,20 @@
 #include "algorithm/window.h"
 #include "base/clock.h"
 #include "engine/allowance.h"
+#include "redis/deadline.h"
 
 /*
  * Before Redis is asked for a checked take: true when the subject's slice
  * here grants it (grant filled: the slice after it); else plan says what to
  * ask (the slice to fetch, or the cost alone), and backs holds the slices to
- * give back in the same round trip. request must outlive plan.
+ * give back in the same round trip. When another backend fetches the
+ * subject's slice, a take that may_wait waits for it (at most a
+ * command_timeout), else asks Redis for its cost alone (a batch: the fetch
+ * may be its own). request must outlive plan.
  */
 bool
-allowance_before(const DecisionRequest *request, AllowancePlan *plan, SliceGrant *grant,
-				 SliceGiveBack *backs, int *nbacks)
+allowance_before(const DecisionRequest *request, bool may_wait, AllowancePlan *plan,
+				 SliceGrant *grant, SliceGiveBack *backs, int *nbacks)
 {
 	const Policy *policy = &request->policy;
 
@@ -53,6 +57,15 @@ allowance_before(const DecisionRequest *request, AllowancePlan *plan, SliceGrant
 	plan->ask.params = &policy->bucket;
 	plan->ask.now_ms = clock_now_ms();
 	plan->outcome = slices_take(&plan->ask, grant, &plan->ticket, &plan->want, backs, nbacks);
+	/* Another backend fetches a slice: its tokens are soon here (a Redis call saved). */
+	if (plan->outcome == SLICE_WAIT && may_wait)
+	{
+		slices_wait(plan->ask.key, plan->ticket, Max(deadline_command_timeout_ms, 1));
+		plan->ask.now_ms = clock_now_ms();
+		plan->outcome = slices_take(&plan->ask, grant, &plan->ticket, &plan->want, backs, nbacks);
+	}
+	if (plan->outcome == SLICE_WAIT)
+		plan->outcome = SLICE_NONE;
 	return plan->outcome == SLICE_GRANTED;
 }
 

@@ -22,8 +22,9 @@ typedef struct AllowancePlan
 	int64		at_ms;			/* the take's time (a window's) */
 } AllowancePlan;
 
-extern bool allowance_before(const DecisionRequest *request, AllowancePlan *plan,
-							 SliceGrant *grant, SliceGiveBack *backs, int *nbacks);
+extern bool allowance_before(const DecisionRequest *request, bool may_wait,
+							 AllowancePlan *plan, SliceGrant *grant,
+							 SliceGiveBack *backs, int *nbacks);
 extern void allowance_request(const AllowancePlan *plan, DecisionRequest *sent);
 extern bool allowance_reply(AllowancePlan *plan, long long *results, RedisFailure *failure);
 extern bool allowance_after(AllowancePlan *plan, const char *redis_key, bool answered,

@@ -5,9 +5,9 @@
  *	  reply is read (redis/pipeline.c groups them by node, each node's in one
  *	  exchange), so a batch costs one round trip and a deadline, not one per
  *	  decision. Each decision is exactly what decision_run would have made:
- *	  fixed answers, a denial remembered, a slice held here (a hot subject
- *	  named again in the same batch asks Redis for its cost alone while its
- *	  first take fetches the slice), Redis, or its own policy's fail mode when
+ *	  fixed answers, a slice held here (a hot subject named again in the same
+ *	  batch asks Redis for its cost alone while its first take fetches the
+ *	  slice), a denial remembered, Redis, or its own policy's fail mode when
  *	  its node did not answer; then shadow mode.
  */
 #include "prelude.h"
@@ -49,8 +49,9 @@ batch_run_chunk(const DecisionRequest *requests, Decision *decisions, int count)
 		/* A refund goes to the bucket whatever answers decisions. */
 		if (request->mode != BUCKET_REFUND &&
 			(decision_fixed(&request->policy, &decisions[i]) ||
-			 decision_denied_before(request, &decisions[i]) ||
-			 decision_from_slice(request, &plans[i], &backs[nbacks], &more, &decisions[i])))
+			 decision_from_slice(request, false, &plans[i], &backs[nbacks], &more,
+								 &decisions[i]) ||
+			 decision_denied_before_slice(request, &plans[i], more, &decisions[i])))
 			continue;
 		nbacks += more;
 		if (nbacks + SLICE_MAX_GIVEBACKS > room)

@@ -251,21 +251,37 @@ decision_init(const Policy *policy, Decision *decision)
  * For a take whose subject's slice here can grant it: fills decision and
  * returns true (remaining: what Redis had left when the slice was taken and
  * what the slice still holds). Else plan says what to ask Redis, with the
- * slices to give back in backs.
+ * slices to give back in backs. may_wait: see allowance_before.
  */
 bool
-decision_from_slice(const DecisionRequest *request, AllowancePlan *plan, SliceGiveBack *backs,
-					int *nbacks, Decision *decision)
+decision_from_slice(const DecisionRequest *request, bool may_wait, AllowancePlan *plan,
+					SliceGiveBack *backs, int *nbacks, Decision *decision)
 {
 	SliceGrant	grant;
 
-	if (!allowance_before(request, plan, &grant, backs, nbacks))
+	if (!allowance_before(request, may_wait, plan, &grant, backs, nbacks))
 		return false;
 	decision->allowed = true;
 	decision->remaining = grant.remaining + grant.left;
 	decision->retry_after_ms = 0;
 	decision->reset_after_ms = Max(grant.reset_until_ms - plan->ask.now_ms, 0);
 	decision->source = DECISION_SOURCE_ALLOWANCE;
+	return true;
+}
+
+/*
+ * After the slice could not grant: a denial remembered for the cost holds
+ * (true, and no slice is fetched), unless tokens are to be given back first,
+ * which may make the cost grantable: then Redis is asked.
+ */
+bool
+decision_denied_before_slice(const DecisionRequest *request, AllowancePlan *plan, int nbacks,
+							 Decision *decision)
+{
+	if (nbacks > 0 || !decision_denied_before(request, decision))
+		return false;
+	allowance_abandon(plan);
+	plan->outcome = SLICE_NONE;
 	return true;
 }
 
@@ -340,8 +356,9 @@ decide_by_redis(const DecisionRequest *request, AllowancePlan *plan, const Slice
 }
 
 /*
- * Runs a checked request: a fixed answer, a denial remembered, the subject's
- * slice here, else Redis while it answers, else the policy's fail mode.
+ * Runs a checked request: a fixed answer, the subject's slice here (tokens
+ * already taken from Redis: before a denial remembered), a denial
+ * remembered, else Redis while it answers, else the policy's fail mode.
  */
 void
 decision_run(const DecisionRequest *request, Decision *decision)
@@ -354,8 +371,9 @@ decision_run(const DecisionRequest *request, Decision *decision)
 	decision_init(policy, decision);
 	/* A refund goes to the bucket whatever answers decisions. */
 	if (request->mode == BUCKET_REFUND ||
-		(!decision_fixed(policy, decision) && !decision_denied_before(request, decision) &&
-		 !decision_from_slice(request, &plan, backs, &nbacks, decision)))
+		(!decision_fixed(policy, decision) &&
+		 !decision_from_slice(request, true, &plan, backs, &nbacks, decision) &&
+		 !decision_denied_before_slice(request, &plan, nbacks, decision)))
 		decide_by_redis(request, &plan, backs, nbacks, decision);
 	if (request->mode != BUCKET_REFUND)
 		decision_shadow(policy, decision);

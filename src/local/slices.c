@@ -10,8 +10,10 @@
  * handed out to be given back to Redis, by the take that finds it (its own
  * subject's next take, or any take of this database that asks for a new
  * slice in the same partition). At most one fetch of a new slice is under
- * way per subject: while it is, the other backends ask Redis for their cost
- * alone, so that a server never holds more than one slice of a subject.
+ * way per subject, so that a server never holds more than one slice of it:
+ * meanwhile the other backends wait for it (a condition variable per
+ * partition, for at most a command_timeout) and take from the new slice, or
+ * ask Redis for their cost alone (a batch, which cannot wait for itself).
  *
  * A slot also counts the tokens granted here to its subject in the current
  * and the previous period of allowance_ttl: a subject is hot once it was
@@ -27,10 +29,13 @@
 #include "prelude.h"
 
 #include "miscadmin.h"
+#include "pgstat.h"
 #include "port/atomics.h"
+#include "storage/condition_variable.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
 #include "utils/guc.h"
+#include "utils/timestamp.h"
 
 #include "local/slices.h"
 
@@ -57,6 +62,7 @@ typedef struct SliceTable
 {
 	int			slots_per_partition;
 	pg_atomic_uint32 tickets;
+	ConditionVariable fetched[SLICE_PARTITIONS];	/* a fetch of the partition ended */
 	SliceSlot	slots[FLEXIBLE_ARRAY_MEMBER];
 } SliceTable;
 
@@ -109,6 +115,8 @@ slices_shmem_init(void)
 		memset(table, 0, slices_shmem_size());
 		table->slots_per_partition = slots_per_partition();
 		pg_atomic_init_u32(&table->tickets, 0);
+		for (int i = 0; i < SLICE_PARTITIONS; i++)
+			ConditionVariableInit(&table->fetched[i]);
 	}
 	locks = GetNamedLWLockTranche(SLICE_TRANCHE);
 }
@@ -238,7 +246,8 @@ same_origin(const SliceSlot *slot, const SliceAsk *ask)
  * One take of ask->cost for its subject: granted from the slice held here
  * (SLICE_GRANTED, the slice after it in grant), or a new slice to fetch
  * (SLICE_FETCH: *want tokens at most, under *ticket, which no other backend
- * fetches meanwhile), or Redis to ask for the cost alone (SLICE_NONE). Slices
+ * fetches meanwhile), or another backend's fetch to wait for (SLICE_WAIT,
+ * under *ticket), or Redis to ask for the cost alone (SLICE_NONE). Slices
  * to give back (the subject's own, spent too far or expired, and expired ones
  * of the same partition when a new slice is fetched) are put in backs.
  */
@@ -266,7 +275,12 @@ slices_take(const SliceAsk *ask, SliceGrant *grant, uint32 *ticket, int64 *want,
 		*grant = slot->slice;
 		outcome = SLICE_GRANTED;
 	}
-	else if (!fetching(slot, now_ms))
+	else if (fetching(slot, now_ms))
+	{
+		*ticket = slot->ticket;
+		outcome = SLICE_WAIT;
+	}
+	else
 	{
 		int64		demand;
 
@@ -328,6 +342,7 @@ slices_install(const SliceAsk *ask, uint32 ticket, int64 taken_ms, const SliceGr
 		installed = true;
 	}
 	LWLockRelease(&locks[partition].lock);
+	ConditionVariableBroadcast(&table->fetched[partition]);
 	return installed;
 }
 
@@ -345,6 +360,37 @@ slices_abandon(uint64 key, uint32 ticket)
 	if (slot != NULL && slot->ticket == ticket)
 		slot->ticket = 0;
 	LWLockRelease(&locks[partition].lock);
+	ConditionVariableBroadcast(&table->fetched[partition]);
+}
+
+/*
+ * Waits, at most timeout_ms, until the fetch under ticket of key's slice has
+ * ended. Interrupts are served while waiting (a cancel ends it).
+ */
+void
+slices_wait(uint64 key, uint32 ticket, int timeout_ms)
+{
+	int			partition;
+	int			start;
+	SliceSlot  *slots = partition_of(key, &partition, &start);
+	TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
+
+	ConditionVariablePrepareToSleep(&table->fetched[partition]);
+	for (;;)
+	{
+		SliceSlot  *slot;
+		bool		under_way;
+		long		left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), until);
+
+		LWLockAcquire(&locks[partition].lock, LW_SHARED);
+		slot = find(slots, start, key);
+		under_way = slot != NULL && slot->ticket == ticket;
+		LWLockRelease(&locks[partition].lock);
+		if (!under_way || left <= 0 ||
+			ConditionVariableTimedSleep(&table->fetched[partition], left, PG_WAIT_EXTENSION))
+			break;
+	}
+	ConditionVariableCancelSleep();
 }
 
 /* Counts ask's cost, granted by Redis alone, in its subject's demand. */

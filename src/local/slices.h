@@ -36,9 +36,10 @@ typedef struct SliceAsk
 
 typedef enum SliceOutcome
 {
-	SLICE_NONE,					/* ask Redis for the cost alone (cold, or a fetch under way) */
+	SLICE_NONE,					/* ask Redis for the cost alone (a cold subject) */
 	SLICE_GRANTED,				/* granted from the slice */
-	SLICE_FETCH					/* ask Redis for a slice (the ticket says whose) */
+	SLICE_FETCH,				/* ask Redis for a slice (the ticket says whose) */
+	SLICE_WAIT					/* another backend fetches a slice (the ticket says whose) */
 } SliceOutcome;
 
 /* A slice, as a grant from it or its installation reads it. */
@@ -61,6 +62,7 @@ extern SliceOutcome slices_take(const SliceAsk *ask, SliceGrant *grant, uint32 *
 extern bool slices_install(const SliceAsk *ask, uint32 ticket, int64 taken_ms,
 						   const SliceGrant *slice);
 extern void slices_abandon(uint64 key, uint32 ticket);
+extern void slices_wait(uint64 key, uint32 ticket, int timeout_ms);
 extern void slices_note(const SliceAsk *ask);
 
 #endif							/* RL_SLICES_H */

@@ -1,0 +1,166 @@
+#!/usr/bin/perl
+#
+# Allowances across servers: four PostgreSQL servers share one Redis, one key scope and
+# one installation, so one bucket per subject; 16 clients on each hammer one hot subject
+# (capacity 10,000, a refill of one token a day). Each server grants from its own slices
+# of the bucket: together they grant no more than 10,000, and at least 9,500 before the
+# run ends, with a Redis call for a small part of the decisions. Then the same with one
+# server killed (kill -9 of its postmaster) while it holds a slice: what it held is lost,
+# never granted by anyone else, and nothing is granted over the policy.
+
+use strict;
+use warnings;
+
+use IPC::Run ();
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time usleep);
+
+use RateLimitTest;
+
+my $redis = redis_start(name => 'allowances');
+my @nodes = map { rl_node("allow$_", redis => $redis, max_connections => 30) } 1 .. 4;
+my $dir = PostgreSQL::Test::Utils::tempdir();
+
+# One installation everywhere (as a restored dump or a replica would have it), and the
+# same policies inserted in the same order: the same versions, so the same keys.
+my $installation = $nodes[0]->safe_psql('postgres', 'SELECT last_value FROM rl_installation_seq');
+foreach my $node (@nodes)
+{
+	$node->safe_psql(
+		'postgres', qq{
+		SELECT setval('rl_installation_seq', $installation);
+		INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, allowance, allowance_ttl)
+		VALUES ('al.hot', 10000, 1, '1 day', 100, '2 s'),
+		       ('al.kill', 10000, 1, '1 day', 100, '2 s');
+		CREATE TABLE seen (policy text, source text);
+	});
+}
+is(join(',', map { $_->safe_psql('postgres', q{SELECT version FROM rl_policy WHERE name = 'al.hot'}) } @nodes),
+	join(',', ($nodes[0]->safe_psql('postgres', q{SELECT version FROM rl_policy WHERE name = 'al.hot'})) x 4),
+	'the four servers have the same policy version');
+
+# Starts pgbench on node: clients x transactions, each one take of policy's hot subject,
+# its grant recorded (committed with it), then a pause of pause ms if given.
+sub hammer
+{
+	my ($node, $policy, $clients, $transactions, $pause) = @_;
+	my $file = "$dir/hammer_$policy.sql";
+	append_to_file($file,
+		"INSERT INTO seen SELECT '$policy', source FROM rl_consume('$policy', 'hot') WHERE allowed;\n"
+		  . ($pause ? "\\sleep $pause ms\n" : ''))
+	  unless -e $file;
+	my $run = { out => '', err => '' };
+	$run->{handle} = IPC::Run::start(
+		[
+			'pgbench', '-n',
+			'-h' => $node->host,
+			'-p' => $node->port,
+			'-c' => $clients,
+			'-j' => 2,
+			'-t' => $transactions,
+			'-f' => $file,
+			'postgres'
+		],
+		'<', \undef, '>', \$run->{out}, '2>', \$run->{err},
+		IPC::Run::timeout(300));
+	return $run;
+}
+
+sub granted
+{
+	my ($node, $policy, $source) = @_;
+	my $where = $source ? " AND source = '$source'" : '';
+	return $nodes[$node]->safe_psql('postgres', "SELECT count(*) FROM seen WHERE policy = '$policy'$where");
+}
+
+sub in_redis
+{
+	my ($policy) = @_;
+	return $nodes[0]->safe_psql('postgres', "SELECT remaining FROM rl_peek('$policy', 'hot')");
+}
+
+sub evalsha { return $redis->command_calls('evalsha') + $redis->command_calls('eval') }
+
+# The bucket is one: a take on one server is seen by the others.
+$nodes[0]->safe_psql('postgres', q{SELECT rl_consume('al.hot', 'probe')});
+is($nodes[3]->safe_psql('postgres', q{SELECT remaining FROM rl_peek('al.hot', 'probe')}),
+	'9999', 'a take on the first server is seen by the fourth: one bucket');
+
+###
+### Four servers, 16 clients each, 200 takes each: 12,800 asks for 10,000 tokens.
+###
+
+my $calls_before = evalsha();
+my $started = time;
+my @runs = map { hammer($_, 'al.hot', 16, 200) } @nodes;
+foreach my $i (0 .. 3)
+{
+	my $ok = eval { $runs[$i]{handle}->finish };
+	note "pgbench on server " . ($i + 1) . ":\n$runs[$i]{out}\n$runs[$i]{err}";
+	ok($ok, 'pgbench on server ' . ($i + 1) . ' exits 0');
+}
+my $seconds = time - $started;
+my $calls = evalsha() - $calls_before;
+my @granted = map { granted($_, 'al.hot') } 0 .. 3;
+my $total = 0;
+$total += $_ foreach @granted;
+my $sliced = 0;
+$sliced += granted($_, 'al.hot', 'allowance') foreach 0 .. 3;
+note sprintf('12,800 asks in %.1f s: granted %s (total %d, %d from slices); %d Redis calls, %.4f per decision',
+	$seconds, join(' + ', @granted), $total, $sliced, $calls, $calls / 12800);
+cmp_ok($total, '<=', 10000, "the four servers granted no more than the policy: $total <= 10,000");
+cmp_ok($total, '>=', 9500, "and at least 9,500 before the run ended: $total");
+cmp_ok($granted[$_], '>', 0, 'server ' . ($_ + 1) . ' granted some') foreach 0 .. 3;
+cmp_ok($sliced, '>', $total / 2, "most grants came from slices ($sliced of $total)");
+cmp_ok($calls, '<', 12800 / 10, "Redis saw a call for under a tenth of the asks ($calls)");
+# What Redis holds and what was granted never exceed the bucket; the rest is parked in
+# the servers' slices, at most one allowance each.
+my $left = in_redis('al.hot');
+cmp_ok($total + $left, '<=', 10000, "granted + left in Redis <= 10,000 ($total + $left)");
+cmp_ok(10000 - $total - $left, '<=', 4 * 100, 'at most one allowance parked per server');
+
+###
+### The same, with the fourth server killed while it holds a slice: clients that pause
+### 5 ms between takes, so that the run lasts a few seconds.
+###
+
+@runs = map { hammer($_, 'al.kill', 16, 400, 5) } @nodes;
+# Wait until the fourth server grants from a slice, then kill its postmaster.
+my $deadline = time + 60;
+usleep(50_000) until time > $deadline || granted(3, 'al.kill', 'allowance') > 0;
+cmp_ok(granted(3, 'al.kill', 'allowance'), '>', 0, 'the fourth server grants from a slice');
+$nodes[3]->kill9;
+note 'killed the fourth server';
+foreach my $i (0 .. 2)
+{
+	my $ok = eval { $runs[$i]{handle}->finish };
+	note "pgbench on server " . ($i + 1) . ":\n$runs[$i]{out}\n$runs[$i]{err}";
+	ok($ok, 'pgbench on server ' . ($i + 1) . ' exits 0');
+}
+eval { $runs[3]{handle}->finish };
+note "pgbench on the killed server:\n$runs[3]{out}\n$runs[3]{err}";
+# Its committed grants survive crash recovery: count them too. (It starts once its
+# orphaned backends, which end on the postmaster's death, have let go of its memory.)
+$deadline = time + 60;
+usleep(100_000) while `pgrep -f 'postgres: allo[w]4: '` ne '' && time < $deadline;
+$nodes[3]->start;
+@granted = map { granted($_, 'al.kill') } 0 .. 3;
+$total = 0;
+$total += $_ foreach @granted;
+$left = in_redis('al.kill');
+note sprintf('with a server killed: granted %s (total %d), %d left in Redis',
+	join(' + ', @granted), $total, $left);
+cmp_ok($total, '<=', 10000, "nothing granted over the policy: $total <= 10,000");
+cmp_ok($total + $left, '<=', 10000, "granted + left in Redis <= 10,000 ($total + $left)");
+# Lost: the killed server's slice, and its grants whose transactions did not commit.
+cmp_ok(10000 - $total - $left, '<=', 100 + 16, 'lost: at most its slice and its 16 clients\' last takes');
+cmp_ok($total, '>=', 9000, 'the others went on granting what was left');
+
+# The restarted server's slices are gone: its next take asks Redis.
+is($nodes[3]->safe_psql('postgres', q{SELECT source FROM rl_consume('al.hot', 'after_restart')}),
+	'redis', 'after the restart, a take asks Redis');
+
+$_->stop foreach @nodes;
+done_testing();
