@@ -162,5 +162,43 @@ cmp_ok($total, '>=', 9000, 'the others went on granting what was left');
 is($nodes[3]->safe_psql('postgres', q{SELECT source FROM rl_consume('al.hot', 'after_restart')}),
 	'redis', 'after the restart, a take asks Redis');
 
+###
+### Redis silent while a backend fetches a slice and another waits for it: a cancel ends
+### each at once, and afterwards the subject is decided again (the fetch did not stick).
+###
+
+my $node = $nodes[0];
+$node->safe_psql('postgres', q{
+	INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, allowance, allowance_ttl)
+	VALUES ('al.wait', 1000, 1, '1 day', 2, '1 hour')});
+# 1 from Redis, a slice of 2 (1 left), its last: the next take fetches a slice.
+is(join(',', map { $node->safe_psql('postgres', q{SELECT source FROM rl_consume('al.wait', 'w')}) } 1 .. 3),
+	'redis,redis,allowance', 'a subject with its slice spent');
+my $fetcher = session($node, options => '-c ratelimit.command_timeout=60s');
+my $waiter = session($node, options => '-c ratelimit.command_timeout=60s');
+my $fetcher_pid = $fetcher->query_ok('SELECT pg_backend_pid()');
+my $waiter_pid = $waiter->query_ok('SELECT pg_backend_pid()');
+$redis->pause;
+$fetcher->start_query(q{SELECT source FROM rl_consume('al.wait', 'w')});
+usleep(300_000);
+$waiter->start_query(q{SELECT source FROM rl_consume('al.wait', 'w')});
+usleep(300_000);
+ok(!$fetcher->done && !$waiter->done, 'the fetch waits for the silent Redis, and the other take for it');
+is($node->safe_psql('postgres', "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $waiter_pid"),
+	'Extension', 'the other take waits for the fetch (not for Redis)');
+foreach my $s ([ $waiter, $waiter_pid, 'the waiting take' ], [ $fetcher, $fetcher_pid, 'the fetch' ])
+{
+	my $cancelled_at = time;
+	$node->safe_psql('postgres', "SELECT pg_cancel_backend($s->[1])");
+	my (undef, $err) = $s->[0]->wait_result(10);
+	like($err, qr/canceling statement due to user request/, "pg_cancel_backend cancels $s->[2]");
+	cmp_ok(time - $cancelled_at, '<', 1, 'within a second');
+}
+$redis->resume;
+is($waiter->query_ok(q{SELECT allowed || ' ' || source FROM rl_consume('al.wait', 'w')}), 'true redis',
+	'afterwards, the next take fetches a slice again');
+$fetcher->quit;
+$waiter->quit;
+
 $_->stop foreach @nodes;
 done_testing();
