@@ -14,6 +14,10 @@ INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, idle_ttl) V
 INSERT INTO rl_policy (name, algorithm, capacity, refill_amount, refill_period, idle_ttl) VALUES
     ('bench.gcra', 'gcra', 1000000, 1000000, '1 minute', '10 minutes'),
     ('bench.fixed', 'fixed_window', 1000000, NULL, '1 hour', NULL);
+-- bench.hot's limits with an allowance: a hot subject's takes granted from this server's
+-- slices of up to 1,000 tokens (each used for at most a second).
+INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, idle_ttl, allowance, allowance_ttl) VALUES
+    ('bench.allowance', 1000000, 1000000, '1 minute', '10 minutes', 1000, '1 second');
 -- One token a day, taken at setup: every later decision is a denial (the deny cache's).
 INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES
     ('bench.denied', 1, 1, '1 day');

@@ -15,6 +15,7 @@
 #include "engine/observer.h"
 #include "local/buckets.h"
 #include "local/deny_cache.h"
+#include "local/slices.h"
 #include "policy/subject.h"
 #include "redis/breaker.h"
 #include "scripts.h"
@@ -402,9 +403,10 @@ decision_reset(const DecisionRequest *request)
 	ask.call.results = palloc(sizeof(long long));
 	answered = ask_redis(&ask, &failure);
 	engine_observe_redis(&request->policy, answered, &failure, ask.call.round_trip_us);
-	/* A denial remembered for it is forgotten, whatever Redis said. */
+	/* A denial remembered for it is forgotten, whatever Redis said; so is a slice held here. */
 	if (deny_cache_usable(request))
 		deny_cache_forget(request_local_key(request));
+	slices_forget(request_local_key(request));
 	return answered;
 }
 

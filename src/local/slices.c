@@ -393,6 +393,27 @@ slices_wait(uint64 key, uint32 ticket, int timeout_ms)
 	ConditionVariableCancelSleep();
 }
 
+/*
+ * Drops key's slice without giving it back (rl_reset made here: the bucket
+ * it came from is full again, so its tokens would be granted twice).
+ */
+void
+slices_forget(uint64 key)
+{
+	int			partition;
+	int			start;
+	SliceSlot  *slots = partition_of(key, &partition, &start);
+	SliceSlot  *slot;
+
+	if (!slices_available())
+		return;
+	LWLockAcquire(&locks[partition].lock, LW_EXCLUSIVE);
+	slot = find(slots, start, key);
+	if (slot != NULL)
+		slot->slice.left = 0;
+	LWLockRelease(&locks[partition].lock);
+}
+
 /* Counts ask's cost, granted by Redis alone, in its subject's demand. */
 void
 slices_note(const SliceAsk *ask)

@@ -64,5 +64,6 @@ extern bool slices_install(const SliceAsk *ask, uint32 ticket, int64 taken_ms,
 extern void slices_abandon(uint64 key, uint32 ticket);
 extern void slices_wait(uint64 key, uint32 ticket, int timeout_ms);
 extern void slices_note(const SliceAsk *ask);
+extern void slices_forget(uint64 key);
 
 #endif							/* RL_SLICES_H */

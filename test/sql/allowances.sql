@@ -146,6 +146,12 @@ SELECT allowed, source FROM rl_peek('al.fns', 'x');
 SELECT allowed, source FROM rl_refund('al.fns', 'x', 1);
 SELECT rl_reset('al.fns', 'x');
 SELECT pg_temp.in_redis('al.fns', 'x') AS after_reset;
+-- A reset here also drops this server's slice (its tokens came from the bucket now full
+-- again): the next take asks Redis (for a slice of 9: its demand here and its cost),
+-- and granted (6), held here (3) and left in Redis (91) add up to 100.
+SELECT allowed, source FROM rl_consume('al.fns', 'x');
+SELECT * FROM pg_temp.takes('al.fns', 'x', 5);
+SELECT pg_temp.in_redis('al.fns', 'x') AS in_redis;
 
 --
 -- Fixed answers and shadow mode come first, as without an allowance.
