@@ -188,25 +188,48 @@ deny_cache_usable(const DecisionRequest *request)
 }
 
 /*
- * For a take of the cost Redis denied lately, whose retry-after has not
- * passed on this server's clock: fills decision with that denial and the time
- * still to wait, and returns true. Redis is not asked. (A larger cost would
- * wait longer, by how much only Redis can say: it is asked.)
+ * How much longer than a denied cost's wait a larger cost, more tokens,
+ * waits, when that can be told without Redis: a refilling algorithm adds
+ * the time to refill them (rounded up: at most 1 ms over the wait Redis
+ * would say), a fixed window none (it waits for the window's end); -1 for
+ * the sliding algorithms, whose wait depends on what they counted when.
+ */
+static int64
+longer_wait_ms(const BucketParams *params, int64 more)
+{
+	if (params->algorithm == ALGORITHM_FIXED_WINDOW)
+		return 0;
+	if (!limit_refills(params->algorithm) || params->rate <= 0)
+		return -1;
+	/* more is at most the capacity: more * unit <= capacity_units < 2^53. */
+	return (more * params->unit + params->rate - 1) / params->rate;
+}
+
+/*
+ * For a take of a cost Redis denied lately (or a larger one, when its wait
+ * can be told: longer_wait_ms), whose retry-after has not passed on this
+ * server's clock: fills decision with that denial and the time still to
+ * wait, and returns true. Redis is not asked.
  */
 bool
 decision_denied_before(const DecisionRequest *request, Decision *decision)
 {
 	DenyEntry	entry;
 	int64		now_ms;
+	int64		longer = 0;
+	bool		larger_ok;
 
 	if (request->mode != BUCKET_TAKE || !deny_cache_usable(request))
 		return false;
 	now_ms = clock_now_ms();
-	if (!deny_cache_find(request_local_key(request), request->cost, now_ms, &entry))
+	larger_ok = longer_wait_ms(&request->policy.bucket, 1) >= 0;
+	if (!deny_cache_find(request_local_key(request), request->cost, larger_ok, now_ms, &entry))
 		return false;
+	if (request->cost > entry.cost)
+		longer = longer_wait_ms(&request->policy.bucket, request->cost - entry.cost);
 	decision->allowed = false;
 	decision->remaining = entry.remaining;
-	decision->retry_after_ms = entry.until_ms - now_ms;
+	decision->retry_after_ms = entry.until_ms - now_ms + longer;
 	decision->reset_after_ms = Max(entry.reset_until_ms - now_ms, decision->retry_after_ms);
 	decision->source = DECISION_SOURCE_DENY_CACHE;
 	return true;

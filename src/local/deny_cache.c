@@ -7,8 +7,9 @@
  * A denial from Redis with a retry-after is entered under its key (a hash of
  * database, policy, version, installation and subject, as the local buckets'
  * keys) with the cost denied; until its retry-after has passed on this
- * server's clock, the same cost is denied here, with the time still to wait
- * (a larger cost would wait longer, by how much only Redis can say). Only Redis's answers are remembered, so a cached denial can
+ * server's clock, the same cost is denied here, with the time still to wait,
+ * and a larger one too where its longer wait can be told without Redis
+ * (engine/decision.c). Only Redis's answers are remembered, so a cached denial can
  * only last too long (a refund or reset made by another server is not seen
  * here), never grant: refunds and resets made on this server forget the entry.
  * The table has a fixed number of slots (ratelimit.deny_cache_size), in
@@ -111,10 +112,10 @@ partition_of(uint64 key, int *partition, int *start)
 
 /*
  * True, with the denial in entry, when key has one still holding at now_ms
- * for this cost.
+ * for this cost: the same cost, or (larger) a larger one.
  */
 bool
-deny_cache_find(uint64 key, int64 cost, int64 now_ms, DenyEntry *entry)
+deny_cache_find(uint64 key, int64 cost, bool larger, int64 now_ms, DenyEntry *entry)
 {
 	int			partition;
 	int			start;
@@ -126,7 +127,8 @@ deny_cache_find(uint64 key, int64 cost, int64 now_ms, DenyEntry *entry)
 	{
 		DenySlot   *slot = &slots[(start + i) % table->slots_per_partition];
 
-		if (slot->key == key && slot->entry.until_ms > now_ms && cost == slot->entry.cost)
+		if (slot->key == key && slot->entry.until_ms > now_ms &&
+			(cost == slot->entry.cost || (larger && cost > slot->entry.cost)))
 		{
 			*entry = slot->entry;
 			found = true;

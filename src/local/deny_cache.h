@@ -21,7 +21,8 @@ extern Size deny_cache_shmem_size(void);
 extern void deny_cache_shmem_request(void);
 extern void deny_cache_shmem_init(void);
 extern bool deny_cache_available(void);
-extern bool deny_cache_find(uint64 key, int64 cost, int64 now_ms, DenyEntry *entry);
+extern bool deny_cache_find(uint64 key, int64 cost, bool larger, int64 now_ms,
+							DenyEntry *entry);
 extern void deny_cache_remember(uint64 key, const DenyEntry *entry, int64 now_ms);
 extern void deny_cache_forget(uint64 key);
 

@@ -140,15 +140,16 @@ SELECT allowed, source FROM rl_reserve('al.fns', 'x');
 ROLLBACK;
 SELECT pg_temp.in_redis('al.fns', 'x') - :before_reserve AS given_back;
 SELECT subject, allowed, source FROM rl_consume_many('al.fns', ARRAY['x', 'x', 'y']);
-SELECT rl_headers(d) IS NOT NULL AS headers FROM rl_consume('al.fns', 'x') AS d;
+SELECT d.source, rl_headers(d) FROM rl_consume('al.fns', 'x') AS d;  -- a new slice
+SELECT d.source, rl_headers(d) FROM rl_consume('al.fns', 'x') AS d;  -- from it: a bucket's headers too
 -- rl_peek, rl_refund and rl_reset go to Redis as before.
 SELECT allowed, source FROM rl_peek('al.fns', 'x');
 SELECT allowed, source FROM rl_refund('al.fns', 'x', 1);
 SELECT rl_reset('al.fns', 'x');
 SELECT pg_temp.in_redis('al.fns', 'x') AS after_reset;
 -- A reset here also drops this server's slice (its tokens came from the bucket now full
--- again): the next take asks Redis (for a slice of 9: its demand here and its cost),
--- and granted (6), held here (3) and left in Redis (91) add up to 100.
+-- again): the next take asks Redis (for a slice of 10: the allowance), and granted (6),
+-- held here (4) and left in Redis (90) add up to 100.
 SELECT allowed, source FROM rl_consume('al.fns', 'x');
 SELECT * FROM pg_temp.takes('al.fns', 'x', 5);
 SELECT pg_temp.in_redis('al.fns', 'x') AS in_redis;

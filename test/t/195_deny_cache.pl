@@ -91,20 +91,39 @@ $node->safe_psql('postgres', "SELECT rl_reset('dc.refund', 'r1')");
 ($a, $source) = split /\|/, decide('dc.refund', 'r1');
 is("$a|$source", 't|redis', 'after a reset here: Redis grants');
 
-# A larger cost would wait longer, by how much only Redis knows: it is asked.
+# A larger cost is denied from the cache too, told to wait longer by the time its extra
+# tokens take to refill (one token every 20 minutes here): what Redis says for it, or at
+# most 1 ms more. A sliding window's longer wait depends on what it counted: Redis is asked.
 $node->safe_psql('postgres', q{
 	UPDATE rl_policy SET capacity = 3, refill_amount = 3 WHERE name = 'dc.refund'});
 decide('dc.refund', 'r2', 3);
-($a, $source) = split /\|/, decide('dc.refund', 'r2', 1);
+my $asked_at = time;
+($a, $source, $retry) = split /\|/, decide('dc.refund', 'r2', 1);
 is("$a|$source", 'f|redis', 'cost 1 denied by Redis');
-($a, $source) = split /\|/, decide('dc.refund', 'r2', 2);
-is("$a|$source", 'f|redis', 'a larger cost goes to Redis');
+my ($a2, $source2, $retry2) = split /\|/, decide('dc.refund', 'r2', 2);
+my $elapsed_ms = (time - $asked_at) * 1000;
+is("$a2|$source2", 'f|deny_cache', 'a larger cost: denied from the cache');
+cmp_ok($retry2, '<=', $retry + 1200000 + 1, "its wait: cost 1's and 20 minutes, at most ($retry2 ms)");
+cmp_ok($retry2, '>=', $retry + 1200000 - $elapsed_ms - 1, 'at least that, less the time passed');
+my ($a3, $source3, $retry3) = split /\|/, $node->safe_psql('postgres',
+	q{SELECT allowed, source, retry_after_ms FROM rl_peek('dc.refund', 'r2', 2)});
+cmp_ok(abs($retry3 - $retry2), '<=', $elapsed_ms + 2, "Redis says the same for cost 2 ($retry3 ms)");
+$node->safe_psql('postgres', q{
+	INSERT INTO rl_policy (name, algorithm, capacity, refill_period) VALUES ('dc.sliding', 'sliding_window', 3, '1 hour')});
+decide('dc.sliding', 's1', 2);
+decide('dc.sliding', 's1', 2);
+($a, $source) = split /\|/, decide('dc.sliding', 's1', 3);
+is("$a|$source", 'f|redis', 'a sliding window\'s larger cost goes to Redis');
 
 # A window's denial lasts until the window ends: remembered as well.
 decide('dc.window', 'w1');
 decide('dc.window', 'w1');
 ($a, $source) = split /\|/, decide('dc.window', 'w1');
 is("$a|$source", 'f|deny_cache', 'a fixed window\'s denial is remembered');
+# rl_headers tells a cached denial as Redis's: the limit, r=0, and Retry-After.
+like($node->safe_psql('postgres', q{SELECT d.source || ' ' || rl_headers(d)::text FROM rl_consume('dc.window', 'w1') d}),
+	qr/^deny_cache .*"RateLimit": "\\"dc\.window\\";r=0;t=\d+".*"Retry-After": "\d+"/,
+	'rl_headers of a cached denial: RateLimit with r=0, and Retry-After');
 
 # deny_cache = false: every denial is Redis's.
 decide('dc.off', 'o1');
