@@ -51,11 +51,17 @@ typedef struct SliceSlot
 	Oid			database;
 	uint32		ticket;			/* the fetch of a new slice under way (0: none) */
 	int64		fetch_ms;		/* when it began */
-	SliceGrant	slice;			/* left 0: no slice */
+	/*
+	 * Tokens left in the slice (0: none) and granted here since period_ms:
+	 * takes from the slice change them under the shared lock (a slice's hot
+	 * path does not serialise its backends); all else holds it exclusively.
+	 */
+	pg_atomic_uint64 left;
+	pg_atomic_uint64 used;
+	SliceGrant	slice;			/* the slice's other numbers (its left field unused) */
 	SliceGiveBack origin;		/* where the slice came from (its tokens field unused) */
-	int64		period_ms;		/* tokens granted here since period_ms ... */
-	int64		used;
-	int64		used_before;	/* ... and in the period before */
+	int64		period_ms;
+	int64		used_before;	/* tokens granted here in the period before */
 } SliceSlot;
 
 typedef struct SliceTable
@@ -76,6 +82,16 @@ slots_per_partition(void)
 {
 	return allowance_size == 0 ? 0 :
 		Max((allowance_size + SLICE_PARTITIONS - 1) / SLICE_PARTITIONS, SLICE_PROBES);
+}
+
+/* Empties slot and gives it to key (0: none). */
+static void
+slot_init(SliceSlot *slot, uint64 key)
+{
+	memset(slot, 0, sizeof(*slot));
+	pg_atomic_init_u64(&slot->left, 0);
+	pg_atomic_init_u64(&slot->used, 0);
+	slot->key = key;
 }
 
 /* Defines ratelimit.allowance_size; only when preloaded, since only then is there a table. */
@@ -117,6 +133,8 @@ slices_shmem_init(void)
 		pg_atomic_init_u32(&table->tickets, 0);
 		for (int i = 0; i < SLICE_PARTITIONS; i++)
 			ConditionVariableInit(&table->fetched[i]);
+		for (int i = 0; i < SLICE_PARTITIONS * table->slots_per_partition; i++)
+			slot_init(&table->slots[i], 0);
 	}
 	locks = GetNamedLWLockTranche(SLICE_TRANCHE);
 }
@@ -161,9 +179,9 @@ fetching(const SliceSlot *slot, int64 now_ms)
 
 /* True when slot's slice may grant at now_ms (a clock stepped back before it may not). */
 static bool
-live(const SliceSlot *slot, int64 now_ms)
+live(SliceSlot *slot, int64 now_ms)
 {
-	return slot->slice.left > 0 && now_ms >= slot->origin.taken_ms &&
+	return pg_atomic_read_u64(&slot->left) > 0 && now_ms >= slot->origin.taken_ms &&
 		now_ms < slot->slice.usable_until_ms;
 }
 
@@ -174,8 +192,8 @@ rotate(SliceSlot *slot, int64 now_ms, int64 ttl_ms)
 	if (now_ms >= slot->period_ms && now_ms - slot->period_ms < ttl_ms)
 		return;
 	slot->used_before = now_ms >= slot->period_ms && now_ms - slot->period_ms < 2 * ttl_ms ?
-		slot->used : 0;
-	slot->used = 0;
+		pg_atomic_read_u64(&slot->used) : 0;
+	pg_atomic_write_u64(&slot->used, 0);
 	slot->period_ms = now_ms;
 }
 
@@ -187,14 +205,22 @@ rotate(SliceSlot *slot, int64 now_ms, int64 ttl_ms)
 static void
 hand_back(SliceSlot *slot, int64 now_ms, SliceGiveBack *backs, int *nbacks)
 {
-	if (slot->slice.left > 0 && now_ms < slot->slice.givable_until_ms &&
+	int64		left = pg_atomic_exchange_u64(&slot->left, 0);
+
+	if (left > 0 && now_ms < slot->slice.givable_until_ms &&
 		slot->database == MyDatabaseId && *nbacks < SLICE_MAX_GIVEBACKS)
 	{
 		backs[*nbacks] = slot->origin;
-		backs[*nbacks].tokens = slot->slice.left;
+		backs[*nbacks].tokens = left;
 		(*nbacks)++;
 	}
-	slot->slice.left = 0;
+}
+
+/* Tokens granted here lately: the current period's and the one before. */
+static int64
+demand_of(SliceSlot *slot)
+{
+	return pg_atomic_read_u64(&slot->used) + slot->used_before;
 }
 
 /*
@@ -218,14 +244,13 @@ claim(SliceSlot *slots, int start, const SliceAsk *ask, SliceGiveBack *backs, in
 		}
 		if (live(slot, ask->now_ms) || fetching(slot, ask->now_ms))
 			continue;
-		if (chosen == NULL || slot->used + slot->used_before < chosen->used + chosen->used_before)
+		if (chosen == NULL || demand_of(slot) < demand_of(chosen))
 			chosen = slot;
 	}
 	if (chosen == NULL)
 		return NULL;
 	hand_back(chosen, ask->now_ms, backs, nbacks);
-	memset(chosen, 0, sizeof(*chosen));
-	chosen->key = ask->key;
+	slot_init(chosen, ask->key);
 	chosen->database = MyDatabaseId;
 	chosen->period_ms = ask->now_ms;
 	return chosen;
@@ -237,9 +262,34 @@ claim(SliceSlot *slots, int start, const SliceAsk *ask, SliceGiveBack *backs, in
  * key prefix changed is granted until its time is up).
  */
 static bool
-same_origin(const SliceSlot *slot, const SliceAsk *ask)
+same_origin(SliceSlot *slot, const SliceAsk *ask)
 {
 	return memcmp(&slot->origin.params, ask->params, sizeof(BucketParams)) == 0;
+}
+
+/*
+ * Takes ask->cost from slot's live slice (of ask's limits), with the slot's
+ * lock held in either mode: true, with the slice after it in grant, when it
+ * held that much. (The demand's period moves on only under the exclusive
+ * lock: until then, grants count in the current one.)
+ */
+static bool
+take_from(SliceSlot *slot, const SliceAsk *ask, SliceGrant *grant)
+{
+	uint64		left;
+
+	if (!live(slot, ask->now_ms) || !same_origin(slot, ask))
+		return false;
+	left = pg_atomic_read_u64(&slot->left);
+	do
+	{
+		if (left < (uint64) ask->cost)
+			return false;
+	} while (!pg_atomic_compare_exchange_u64(&slot->left, &left, left - ask->cost));
+	pg_atomic_fetch_add_u64(&slot->used, ask->cost);
+	*grant = slot->slice;
+	grant->left = left - ask->cost;
+	return true;
 }
 
 /*
@@ -263,18 +313,21 @@ slices_take(const SliceAsk *ask, SliceGrant *grant, uint32 *ticket, int64 *want,
 	int64		now_ms = ask->now_ms;
 
 	*nbacks = 0;
+	/* The hot path: a take from a live slice, beside the other backends' takes. */
+	LWLockAcquire(&locks[partition].lock, LW_SHARED);
+	slot = find(slots, start, ask->key);
+	if (slot != NULL && take_from(slot, ask, grant))
+		outcome = SLICE_GRANTED;
+	LWLockRelease(&locks[partition].lock);
+	if (outcome == SLICE_GRANTED)
+		return outcome;
+
 	LWLockAcquire(&locks[partition].lock, LW_EXCLUSIVE);
 	slot = find(slots, start, ask->key);
 	if (slot == NULL)
 		(void) claim(slots, start, ask, backs, nbacks);
-	else if (live(slot, now_ms) && slot->slice.left >= ask->cost && same_origin(slot, ask))
-	{
-		rotate(slot, now_ms, ask->ttl_ms);
-		slot->slice.left -= ask->cost;
-		slot->used += ask->cost;
-		*grant = slot->slice;
+	else if (take_from(slot, ask, grant))
 		outcome = SLICE_GRANTED;
-	}
 	else if (fetching(slot, now_ms))
 	{
 		*ticket = slot->ticket;
@@ -290,11 +343,11 @@ slices_take(const SliceAsk *ask, SliceGrant *grant, uint32 *ticket, int64 *want,
 		{
 			SliceSlot  *other = &slots[i];
 
-			if (other->key != 0 && other->slice.left > 0 && !live(other, now_ms) &&
-				!fetching(other, now_ms))
+			if (other->key != 0 && pg_atomic_read_u64(&other->left) > 0 &&
+				!live(other, now_ms) && !fetching(other, now_ms))
 				hand_back(other, now_ms, backs, nbacks);
 		}
-		demand = slot->used + slot->used_before;
+		demand = demand_of(slot);
 		*want = Min(Min(ask->allowance, ask->params->capacity), demand + ask->cost);
 		if (demand > 0 && *want > ask->cost)
 		{
@@ -333,12 +386,14 @@ slices_install(const SliceAsk *ask, uint32 ticket, int64 taken_ms, const SliceGr
 	{
 		slot->ticket = 0;
 		slot->slice = *slice;
+		slot->slice.left = 0;
+		pg_atomic_write_u64(&slot->left, slice->left);
 		slot->origin.params = *ask->params;
 		strlcpy(slot->origin.key, ask->redis_key, SLICE_KEY_LEN);
 		slot->origin.taken_ms = taken_ms;
 		slot->origin.tokens = 0;
 		rotate(slot, ask->now_ms, ask->ttl_ms);
-		slot->used += ask->cost;
+		pg_atomic_fetch_add_u64(&slot->used, ask->cost);
 		installed = true;
 	}
 	LWLockRelease(&locks[partition].lock);
@@ -410,7 +465,7 @@ slices_forget(uint64 key)
 	LWLockAcquire(&locks[partition].lock, LW_EXCLUSIVE);
 	slot = find(slots, start, key);
 	if (slot != NULL)
-		slot->slice.left = 0;
+		pg_atomic_write_u64(&slot->left, 0);
 	LWLockRelease(&locks[partition].lock);
 }
 
@@ -428,7 +483,7 @@ slices_note(const SliceAsk *ask)
 	if (slot != NULL)
 	{
 		rotate(slot, ask->now_ms, ask->ttl_ms);
-		slot->used += ask->cost;
+		pg_atomic_fetch_add_u64(&slot->used, ask->cost);
 	}
 	LWLockRelease(&locks[partition].lock);
 }
