@@ -574,7 +574,8 @@ BEGIN ATOMIC
         local_share = coalesce(rl_define.local_share, p.local_share),
         time_zone = coalesce(rl_define.time_zone, CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) 'fixed_window'
                                                       THEN p.time_zone ELSE 'UTC' END),
-        allowance = coalesce(rl_define.allowance, p.allowance),
+        allowance = CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra', 'fixed_window'])
+                         THEN coalesce(rl_define.allowance, p.allowance) ELSE rl_define.allowance END,
         allowance_ttl = coalesce(rl_define.allowance_ttl, p.allowance_ttl)
     RETURNING *;
 END;

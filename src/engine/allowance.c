@@ -14,11 +14,13 @@
  * window's slice lives no longer than its window (the sliding algorithms,
  * which weigh each token by when it was counted, have no allowances).
  *
- * The decision and batch paths (decision.c, batch.c) ask before Redis
- * (allowance_before), send a slice's take in place of the cost's
- * (allowance_request) with the give-backs in the same round trip, read its
- * reply (allowance_reply) and install the slice (allowance_after); an error
- * between the two ends the fetch (allowance_abandon).
+ * The decision and batch paths (decision.c, batch.c) try the slice first
+ * (allowance_grant), then, after the deny cache, plan what to ask Redis
+ * (allowance_plan), send a slice's take in place of the cost's
+ * (allowance_request) with the give-backs first in the same round trip, read
+ * its reply (allowance_reply) and install the slice (allowance_after); an
+ * error in between ends the fetch (allowance_abandon), and so does the
+ * backend's exit (local/slices.c).
  */
 #include "prelude.h"
 
@@ -27,41 +29,67 @@
 #include "engine/allowance.h"
 #include "redis/deadline.h"
 
+/* The time a take counts at: a window's (its request's), else now. */
+static int64
+take_time(const DecisionRequest *request)
+{
+	return limit_refills(request->policy.algorithm) ? clock_now_ms() : request_at_ms(request);
+}
+
 /*
- * Before Redis is asked for a checked take: true when the subject's slice
- * here grants it (grant filled: the slice after it); else plan says what to
- * ask (the slice to fetch, or the cost alone), and backs holds the slices to
- * give back in the same round trip. When another backend fetches the
- * subject's slice, a take that may_wait waits for it (at most a
- * command_timeout), else asks Redis for its cost alone (a batch: the fetch
- * may be its own). request must outlive plan.
+ * Before Redis is asked for a checked take: true when the subject's live
+ * slice here grants it (grant filled: the slice after it). Fills plan for
+ * allowance_plan either way (outcome SLICE_NONE when the take cannot use a
+ * slice). request must outlive plan.
  */
 bool
-allowance_before(const DecisionRequest *request, bool may_wait, AllowancePlan *plan,
-				 SliceGrant *grant, SliceGiveBack *backs, int *nbacks)
+allowance_grant(const DecisionRequest *request, AllowancePlan *plan, SliceGrant *grant)
 {
 	const Policy *policy = &request->policy;
 
 	memset(plan, 0, sizeof(*plan));
-	*nbacks = 0;
 	if (request->mode != BUCKET_TAKE || policy->allowance <= 0 || !policy->usable ||
 		!limit_slices(policy->algorithm) || !slices_available() ||
 		request->refund_id != NULL)
 		return false;
+	plan->request = request;
 	plan->sliced = true;
-	plan->at_ms = request_at_ms(request);
+	plan->at_ms = take_time(request);
 	plan->ask.key = request_local_key(request);
 	plan->ask.cost = request->cost;
 	plan->ask.allowance = policy->allowance;
 	plan->ask.ttl_ms = policy->allowance_ttl_ms;
 	plan->ask.params = &policy->bucket;
-	plan->ask.now_ms = clock_now_ms();
+	plan->ask.now_ms = plan->at_ms;
+	if (!slices_grant(&plan->ask, grant))
+		return false;
+	plan->outcome = SLICE_GRANTED;
+	return true;
+}
+
+/*
+ * After allowance_grant did not grant (and no denial remembered holds): true
+ * when a slice that came meanwhile grants the take (grant filled); else plan
+ * says what to ask Redis (a slice to fetch, or the cost alone), and backs
+ * holds the slices to give back first in the same round trip. When another
+ * backend fetches the subject's slice, a take that may_wait waits for it (at
+ * most a command_timeout), else asks Redis for its cost alone (a batch: the
+ * fetch may be its own).
+ */
+bool
+allowance_plan(AllowancePlan *plan, bool may_wait, SliceGrant *grant, SliceGiveBack *backs,
+			   int *nbacks)
+{
+	*nbacks = 0;
+	if (!plan->sliced)
+		return false;
 	plan->outcome = slices_take(&plan->ask, grant, &plan->ticket, &plan->want, backs, nbacks);
 	/* Another backend fetches a slice: its tokens are soon here (a Redis call saved). */
 	if (plan->outcome == SLICE_WAIT && may_wait)
 	{
-		slices_wait(plan->ask.key, plan->ticket, Max(deadline_command_timeout_ms, 1));
-		plan->ask.now_ms = clock_now_ms();
+		slices_wait(plan->ask.key, plan->ticket, plan->ask.now_ms,
+					Max(deadline_command_timeout_ms, 1));
+		plan->at_ms = plan->ask.now_ms = take_time(plan->request);
 		plan->outcome = slices_take(&plan->ask, grant, &plan->ticket, &plan->want, backs, nbacks);
 	}
 	if (plan->outcome == SLICE_WAIT)
@@ -69,10 +97,15 @@ allowance_before(const DecisionRequest *request, bool may_wait, AllowancePlan *p
 	return plan->outcome == SLICE_GRANTED;
 }
 
-/* Turns sent (a copy of the take) into the slice's take when plan fetches one. */
+/*
+ * Turns sent (a copy of the take) into the slice's take when plan fetches
+ * one; either way its window is the plan's (the one its slice counts in).
+ */
 void
 allowance_request(const AllowancePlan *plan, DecisionRequest *sent)
 {
+	if (plan->sliced && !limit_refills(sent->policy.algorithm))
+		sent->at_ms = plan->at_ms;
 	if (plan->outcome != SLICE_FETCH)
 		return;
 	sent->mode = BUCKET_SLICE;
@@ -108,8 +141,7 @@ later(int64 a, int64 b)
  * (its remaining, Redis's, then counts what the slice holds too), a take of
  * the cost alone counts in the subject's demand, a fetch that got nothing
  * ends. Returns true when the slice could not be installed (another fetch
- * took over, or a key too long to remember): back is then to be given back
- * at once.
+ * took over): back is then to be given back at once.
  */
 bool
 allowance_after(AllowancePlan *plan, const char *redis_key, bool answered, bool allowed,
@@ -133,22 +165,24 @@ allowance_after(AllowancePlan *plan, const char *redis_key, bool answered, bool 
 	slice.left = plan->taken - plan->ask.cost;
 	slice.remaining = *remaining;
 	slice.reset_until_ms = later(now_ms, reset_after_ms);
+	slice.usable_from_ms = PG_INT64_MIN;
 	slice.usable_until_ms = later(now_ms, plan->ask.ttl_ms);
 	slice.givable_until_ms = PG_INT64_MAX;
 	if (!limit_refills(plan->ask.params->algorithm))
 	{
 		LimitWindow window;
 
-		/* A window's tokens count in it alone: granted and given back only until it ends. */
+		/* A window's tokens count in it alone: granted and given back only within it. */
 		window_at(plan->ask.params, plan->at_ms, &window);
+		slice.usable_from_ms = window.start_ms;
 		slice.usable_until_ms = Min(slice.usable_until_ms, window.end_ms);
 		slice.givable_until_ms = window.end_ms;
 	}
 	*remaining += slice.left;
+	/* (SLICE_KEY_LEN holds the longest key there can be: see slices.h.) */
 	plan->ask.redis_key = redis_key;
-	if (strlen(redis_key) >= SLICE_KEY_LEN)
-		slice.left = 0;			/* cannot be given back: never taken */
-	if (slices_install(&plan->ask, plan->ticket, plan->at_ms, &slice) || slice.left == 0)
+	if (slices_install(&plan->ask, plan->ticket, plan->at_ms, &slice) != SLICE_MOVED_ON ||
+		slice.left == 0 || take_time(plan->request) >= slice.givable_until_ms)
 		return false;
 	memset(back, 0, sizeof(*back));
 	back->params = *plan->ask.params;

@@ -13,6 +13,7 @@
 /* What one take does about its subject's slice, from before Redis is asked to after. */
 typedef struct AllowancePlan
 {
+	const DecisionRequest *request;
 	SliceAsk	ask;
 	SliceOutcome outcome;		/* SLICE_NONE also when the take cannot use a slice */
 	bool		sliced;			/* the take may use a slice: the slot's demand counts it */
@@ -22,9 +23,10 @@ typedef struct AllowancePlan
 	int64		at_ms;			/* the take's time (a window's) */
 } AllowancePlan;
 
-extern bool allowance_before(const DecisionRequest *request, bool may_wait,
-							 AllowancePlan *plan, SliceGrant *grant,
-							 SliceGiveBack *backs, int *nbacks);
+extern bool allowance_grant(const DecisionRequest *request, AllowancePlan *plan,
+							SliceGrant *grant);
+extern bool allowance_plan(AllowancePlan *plan, bool may_wait, SliceGrant *grant,
+						   SliceGiveBack *backs, int *nbacks);
 extern void allowance_request(const AllowancePlan *plan, DecisionRequest *sent);
 extern bool allowance_reply(AllowancePlan *plan, long long *results, RedisFailure *failure);
 extern bool allowance_after(AllowancePlan *plan, const char *redis_key, bool answered,

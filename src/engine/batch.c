@@ -23,21 +23,35 @@ abandon_all(const AllowancePlan *plans, int count)
 		allowance_abandon(&plans[i]);
 }
 
-/* Decides at most BATCH_MAX_DECISIONS checked requests into decisions. */
+/* Appends a slice to give back to backs (of *room), growing it when needed. */
+static SliceGiveBack *
+room_for(SliceGiveBack *backs, int nbacks, int *room)
+{
+	if (nbacks + SLICE_MAX_GIVEBACKS > *room)
+	{
+		*room *= 2;
+		backs = repalloc(backs, *room * sizeof(SliceGiveBack));
+	}
+	return backs;
+}
+
+/* Decides count checked requests into decisions, each with its plan (zeroed). */
 static void
-batch_run_chunk(const DecisionRequest *requests, Decision *decisions, int count)
+batch_decide(const DecisionRequest *requests, Decision *decisions, AllowancePlan *plans,
+			 int count)
 {
 	RedisCall  *mains = palloc0(count * sizeof(RedisCall));
 	const char **keys = palloc(count * sizeof(char *));
-	AllowancePlan *plans = palloc0(count * sizeof(AllowancePlan));
 	int		   *asked = palloc(count * sizeof(int));
 	int			ncalls = 0;
-	SliceGiveBack *backs = palloc(SLICE_MAX_GIVEBACKS * sizeof(SliceGiveBack));
-	int			nbacks = 0;
 	int			room = SLICE_MAX_GIVEBACKS;
+	SliceGiveBack *backs = palloc(room * sizeof(SliceGiveBack));
+	int			nbacks = 0;
+	int			late_room = SLICE_MAX_GIVEBACKS;
+	SliceGiveBack *lates = palloc(late_room * sizeof(SliceGiveBack));
+	int			nlates = 0;
 	RedisCall  *calls;
 	RedisFailure failure = {0};
-	SliceGiveBack late[1];
 
 	for (int i = 0; i < count; i++)
 	{
@@ -49,16 +63,10 @@ batch_run_chunk(const DecisionRequest *requests, Decision *decisions, int count)
 		/* A refund goes to the bucket whatever answers decisions. */
 		if (request->mode != BUCKET_REFUND &&
 			(decision_fixed(&request->policy, &decisions[i]) ||
-			 decision_from_slice(request, false, &plans[i], &backs[nbacks], &more,
-								 &decisions[i]) ||
-			 decision_denied_before_slice(request, &plans[i], more, &decisions[i])))
+			 decision_here(request, false, &plans[i], &backs[nbacks], &more, &decisions[i])))
 			continue;
 		nbacks += more;
-		if (nbacks + SLICE_MAX_GIVEBACKS > room)
-		{
-			room *= 2;
-			backs = repalloc(backs, room * sizeof(SliceGiveBack));
-		}
+		backs = room_for(backs, nbacks, &room);
 		sent = *request;
 		sent.key = keys[ncalls] = decision_key(request);
 		allowance_request(&plans[i], &sent);
@@ -75,18 +83,7 @@ batch_run_chunk(const DecisionRequest *requests, Decision *decisions, int count)
 	 * deadline grows with the batch (redis/pipeline.c).
 	 */
 	if (nbacks + ncalls > 0)
-	{
-		PG_TRY();
-		{
-			(void) redis_run_scripts(calls, nbacks + ncalls, 0, &failure);
-		}
-		PG_CATCH();
-		{
-			abandon_all(plans, count);
-			PG_RE_THROW();
-		}
-		PG_END_TRY();
-	}
+		(void) redis_run_scripts(calls, nbacks + ncalls, 0, &failure);
 	for (int n = 0; n < ncalls; n++)
 	{
 		RedisCall  *call = &calls[nbacks + n];
@@ -99,12 +96,14 @@ batch_run_chunk(const DecisionRequest *requests, Decision *decisions, int count)
 
 		engine_observe_redis(&request->policy, answered, &outcome, call->round_trip_us);
 		if (allowance_after(plan, keys[n], answered, answered && decision->allowed,
-							&decision->remaining, decision->reset_after_ms, late))
-			decision_give_back(late, 1);
+							&decision->remaining, decision->reset_after_ms, &lates[nlates]))
+			lates = room_for(lates, ++nlates, &late_room);
 		decision_remember_denial(request, decision);
 		if (!answered)
 			decision_by_fail_mode(request, call->retry_after_ms, decision);
 	}
+	/* Slices fetched while another was (rare): given back once every slice is in. */
+	decision_give_back(lates, nlates);
 	for (int i = 0; i < count; i++)
 	{
 		if (requests[i].mode != BUCKET_REFUND)
@@ -116,8 +115,30 @@ batch_run_chunk(const DecisionRequest *requests, Decision *decisions, int count)
 	pfree(asked);
 	pfree(mains);
 	pfree(keys);
-	pfree(plans);
 	pfree(backs);
+	pfree(lates);
+}
+
+/*
+ * Decides at most BATCH_MAX_DECISIONS checked requests into decisions; a
+ * fetch of a slice begun here ends here, whatever is raised meanwhile.
+ */
+static void
+batch_run_chunk(const DecisionRequest *requests, Decision *decisions, int count)
+{
+	AllowancePlan *plans = palloc0(count * sizeof(AllowancePlan));
+
+	PG_TRY();
+	{
+		batch_decide(requests, decisions, plans, count);
+	}
+	PG_CATCH();
+	{
+		abandon_all(plans, count);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	pfree(plans);
 }
 
 /*

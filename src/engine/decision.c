@@ -211,7 +211,7 @@ longer_wait_ms(const BucketParams *params, int64 more)
  * server's clock: fills decision with that denial and the time still to
  * wait, and returns true. Redis is not asked.
  */
-bool
+static bool
 decision_denied_before(const DecisionRequest *request, Decision *decision)
 {
 	DenyEntry	entry;
@@ -271,42 +271,45 @@ decision_init(const Policy *policy, Decision *decision)
 	decision->capacity = policy->bucket.capacity;
 }
 
-/*
- * For a take whose subject's slice here can grant it: fills decision and
- * returns true (remaining: what Redis had left when the slice was taken and
- * what the slice still holds). Else plan says what to ask Redis, with the
- * slices to give back in backs. may_wait: see allowance_before.
- */
-bool
-decision_from_slice(const DecisionRequest *request, bool may_wait, AllowancePlan *plan,
-					SliceGiveBack *backs, int *nbacks, Decision *decision)
+/* Fills decision from a grant of the subject's slice here. */
+static void
+decision_from_slice(const AllowancePlan *plan, const SliceGrant *grant, Decision *decision)
 {
-	SliceGrant	grant;
-
-	if (!allowance_before(request, may_wait, plan, &grant, backs, nbacks))
-		return false;
 	decision->allowed = true;
-	decision->remaining = grant.remaining + grant.left;
+	/* What Redis had left when the slice was taken, and what the slice still holds. */
+	decision->remaining = grant->remaining + grant->left;
 	decision->retry_after_ms = 0;
-	decision->reset_after_ms = Max(grant.reset_until_ms - plan->ask.now_ms, 0);
+	decision->reset_after_ms = Max(grant->reset_until_ms - plan->ask.now_ms, 0);
 	decision->source = DECISION_SOURCE_ALLOWANCE;
-	return true;
 }
 
 /*
- * After the slice could not grant: a denial remembered for the cost holds
- * (true, and no slice is fetched), unless tokens are to be given back first,
- * which may make the cost grantable: then Redis is asked.
+ * Decides a checked take here, without Redis, when it can: from the
+ * subject's slice (tokens already taken from Redis: before a denial
+ * remembered), or from a denial remembered; true then. Else plan says what
+ * to ask Redis, with the slices to give back first in backs. may_wait: see
+ * allowance_plan.
  */
 bool
-decision_denied_before_slice(const DecisionRequest *request, AllowancePlan *plan, int nbacks,
-							 Decision *decision)
+decision_here(const DecisionRequest *request, bool may_wait, AllowancePlan *plan,
+			  SliceGiveBack *backs, int *nbacks, Decision *decision)
 {
-	if (nbacks > 0 || !decision_denied_before(request, decision))
-		return false;
-	allowance_abandon(plan);
-	plan->outcome = SLICE_NONE;
-	return true;
+	SliceGrant	grant;
+
+	*nbacks = 0;
+	if (allowance_grant(request, plan, &grant))
+	{
+		decision_from_slice(plan, &grant, decision);
+		return true;
+	}
+	if (decision_denied_before(request, decision))
+		return true;
+	if (allowance_plan(plan, may_wait, &grant, backs, nbacks))
+	{
+		decision_from_slice(plan, &grant, decision);
+		return true;
+	}
+	return false;
 }
 
 /* The refund of a slice's tokens not granted, as a call. */
@@ -357,16 +360,7 @@ decide_by_redis(const DecisionRequest *request, AllowancePlan *plan, const Slice
 	allowance_request(plan, &sent);
 	decision_redis_call(&sent, call);
 	/* While its node's breaker is open, Redis is not asked at all. */
-	PG_TRY();
-	{
-		(void) redis_run_scripts(calls, nbacks + 1, 0, &failure);
-	}
-	PG_CATCH();
-	{
-		allowance_abandon(plan);
-		PG_RE_THROW();
-	}
-	PG_END_TRY();
+	(void) redis_run_scripts(calls, nbacks + 1, 0, &failure);
 	outcome = call->failure.kind != REDIS_FAILURE_NONE ? call->failure : failure;
 	answered = call->answered && allowance_reply(plan, call->results, &outcome) &&
 		decision_from_reply(call->results, decision, &outcome);
@@ -393,12 +387,21 @@ decision_run(const DecisionRequest *request, Decision *decision)
 	int			nbacks = 0;
 
 	decision_init(policy, decision);
-	/* A refund goes to the bucket whatever answers decisions. */
-	if (request->mode == BUCKET_REFUND ||
-		(!decision_fixed(policy, decision) &&
-		 !decision_from_slice(request, true, &plan, backs, &nbacks, decision) &&
-		 !decision_denied_before_slice(request, &plan, nbacks, decision)))
-		decide_by_redis(request, &plan, backs, nbacks, decision);
+	/* A fetch of a slice begun here ends here, whatever is raised meanwhile. */
+	PG_TRY();
+	{
+		/* A refund goes to the bucket whatever answers decisions. */
+		if (request->mode == BUCKET_REFUND ||
+			(!decision_fixed(policy, decision) &&
+			 !decision_here(request, true, &plan, backs, &nbacks, decision)))
+			decide_by_redis(request, &plan, backs, nbacks, decision);
+	}
+	PG_CATCH();
+	{
+		allowance_abandon(&plan);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
 	if (request->mode != BUCKET_REFUND)
 		decision_shadow(policy, decision);
 	if (request->mode == BUCKET_TAKE)

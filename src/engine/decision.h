@@ -50,13 +50,9 @@ extern bool decision_from_reply(const long long *results, Decision *decision,
 								RedisFailure *failure);
 extern void decision_by_fail_mode(const DecisionRequest *request, int64 retry_after_ms,
 								  Decision *decision);
-extern bool decision_denied_before(const DecisionRequest *request, Decision *decision);
 extern void decision_remember_denial(const DecisionRequest *request, const Decision *decision);
-extern bool decision_from_slice(const DecisionRequest *request, bool may_wait,
-								AllowancePlan *plan, SliceGiveBack *backs, int *nbacks,
-								Decision *decision);
-extern bool decision_denied_before_slice(const DecisionRequest *request, AllowancePlan *plan,
-										 int nbacks, Decision *decision);
+extern bool decision_here(const DecisionRequest *request, bool may_wait, AllowancePlan *plan,
+						  SliceGiveBack *backs, int *nbacks, Decision *decision);
 extern void decision_give_back_call(const SliceGiveBack *back, RedisCall *call);
 extern void decision_give_back(const SliceGiveBack *backs, int nbacks);
 extern bool decision_needs_no_bucket(const Policy *policy);

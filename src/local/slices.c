@@ -8,12 +8,14 @@
  * from the subject's bucket in Redis by one call, granted here one take at a
  * time until they are spent or the slice's time is up. What is left then is
  * handed out to be given back to Redis, by the take that finds it (its own
- * subject's next take, or any take of this database that asks for a new
- * slice in the same partition). At most one fetch of a new slice is under
- * way per subject, so that a server never holds more than one slice of it:
- * meanwhile the other backends wait for it (a condition variable per
- * partition, for at most a command_timeout) and take from the new slice, or
- * ask Redis for their cost alone (a batch, which cannot wait for itself).
+ * subject's next fetch, or any fetch of this database that sweeps the same
+ * partition). At most one fetch of a new slice is under way per subject, so
+ * that a server never holds more than one slice of it: meanwhile the other
+ * backends wait for it (a condition variable per partition, for at most a
+ * command_timeout) and take from the new slice, or ask Redis for their cost
+ * alone (a batch, which cannot wait for itself). A fetch ends with its
+ * install or abandon, on an error too, and at its backend's exit at the
+ * latest; one lost some other way is ignored after SLICE_FETCH_STALE_MS.
  *
  * A slot also counts the tokens granted here to its subject in the current
  * and the previous period of allowance_ttl: a subject is hot once it was
@@ -24,7 +26,9 @@
  * The table has ratelimit.allowance_size slots in partitions with a lock
  * each; a subject's slot is one of a few probed from its hash, and when all
  * are taken, the least asked of those holding no live slice gives way.
- * Losing a slot or its slice (a crash, a restart) only loses tokens.
+ * Takes from a live slice hold the lock shared (the slice's tokens and the
+ * demand are atomics); everything else holds it exclusively. Losing a slot
+ * or its slice (a crash, a restart) only loses tokens.
  */
 #include "prelude.h"
 
@@ -32,6 +36,7 @@
 #include "pgstat.h"
 #include "port/atomics.h"
 #include "storage/condition_variable.h"
+#include "storage/ipc.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
 #include "utils/guc.h"
@@ -43,6 +48,8 @@
 #define SLICE_PROBES 4
 /* A fetch older than this was lost (its backend ended without a reply). */
 #define SLICE_FETCH_STALE_MS 10000
+/* Slots a fetch looks at for expired slices to give back. */
+#define SLICE_SWEEP 32
 #define SLICE_TRANCHE "ratelimit slices"
 
 typedef struct SliceSlot
@@ -50,7 +57,9 @@ typedef struct SliceSlot
 	uint64		key;			/* 0: empty */
 	Oid			database;
 	uint32		ticket;			/* the fetch of a new slice under way (0: none) */
-	int64		fetch_ms;		/* when it began */
+	uint32		dropped;		/* a fetch whose slice rl_reset made void */
+	int			fetch_pid;		/* who fetches */
+	int64		fetch_ms;		/* since when */
 	/*
 	 * Tokens left in the slice (0: none) and granted here since period_ms:
 	 * takes from the slice change them under the shared lock (a slice's hot
@@ -68,6 +77,7 @@ typedef struct SliceTable
 {
 	int			slots_per_partition;
 	pg_atomic_uint32 tickets;
+	int			sweep[SLICE_PARTITIONS];	/* where each partition's next sweep starts */
 	ConditionVariable fetched[SLICE_PARTITIONS];	/* a fetch of the partition ended */
 	SliceSlot	slots[FLEXIBLE_ARRAY_MEMBER];
 } SliceTable;
@@ -76,6 +86,7 @@ static int	allowance_size = 1000;
 
 static SliceTable *table = NULL;
 static LWLockPadded *locks = NULL;
+static bool exit_callback = false;
 
 static int
 slots_per_partition(void)
@@ -169,19 +180,23 @@ find(SliceSlot *slots, int start, uint64 key)
 	return NULL;
 }
 
-/* True when slot's fetch is under way (not one whose backend was lost). */
+/*
+ * True when slot's fetch is under way (not one whose backend was lost).
+ * Clocks read just before the lock may be a little behind fetch_ms: only a
+ * fetch that began SLICE_FETCH_STALE_MS ago either way is not.
+ */
 static bool
 fetching(const SliceSlot *slot, int64 now_ms)
 {
-	return slot->ticket != 0 && now_ms >= slot->fetch_ms &&
-		now_ms - slot->fetch_ms < SLICE_FETCH_STALE_MS;
+	return slot->ticket != 0 && now_ms - slot->fetch_ms < SLICE_FETCH_STALE_MS &&
+		slot->fetch_ms - now_ms < SLICE_FETCH_STALE_MS;
 }
 
-/* True when slot's slice may grant at now_ms (a clock stepped back before it may not). */
+/* True when slot's slice may grant at now_ms (a window's: within its window). */
 static bool
 live(SliceSlot *slot, int64 now_ms)
 {
-	return pg_atomic_read_u64(&slot->left) > 0 && now_ms >= slot->origin.taken_ms &&
+	return pg_atomic_read_u64(&slot->left) > 0 && now_ms >= slot->slice.usable_from_ms &&
 		now_ms < slot->slice.usable_until_ms;
 }
 
@@ -189,10 +204,9 @@ live(SliceSlot *slot, int64 now_ms)
 static void
 rotate(SliceSlot *slot, int64 now_ms, int64 ttl_ms)
 {
-	if (now_ms >= slot->period_ms && now_ms - slot->period_ms < ttl_ms)
+	if (now_ms - slot->period_ms < ttl_ms)
 		return;
-	slot->used_before = now_ms >= slot->period_ms && now_ms - slot->period_ms < 2 * ttl_ms ?
-		pg_atomic_read_u64(&slot->used) : 0;
+	slot->used_before = now_ms - slot->period_ms < 2 * ttl_ms ? pg_atomic_read_u64(&slot->used) : 0;
 	pg_atomic_write_u64(&slot->used, 0);
 	slot->period_ms = now_ms;
 }
@@ -257,6 +271,28 @@ claim(SliceSlot *slots, int start, const SliceAsk *ask, SliceGiveBack *backs, in
 }
 
 /*
+ * Hands back, while there is room in backs, the expired slices of this
+ * database among the next SLICE_SWEEP slots of the partition (each sweep
+ * goes on where the last one ended).
+ */
+static void
+sweep(int partition, SliceSlot *slots, int64 now_ms, SliceGiveBack *backs, int *nbacks)
+{
+	int			n = Min(SLICE_SWEEP, table->slots_per_partition);
+
+	for (int i = 0; i < n && *nbacks < SLICE_MAX_GIVEBACKS; i++)
+	{
+		SliceSlot  *other = &slots[table->sweep[partition]];
+
+		table->sweep[partition] = (table->sweep[partition] + 1) % table->slots_per_partition;
+		if (other->key != 0 && other->database == MyDatabaseId &&
+			pg_atomic_read_u64(&other->left) > 0 && !live(other, now_ms) &&
+			!fetching(other, now_ms))
+			hand_back(other, now_ms, backs, nbacks);
+	}
+}
+
+/*
  * True when slot's slice came from a bucket of ask's limits (its key, of the
  * same subject, policy and version, is not compared: a slice taken before the
  * key prefix changed is granted until its time is up).
@@ -292,14 +328,51 @@ take_from(SliceSlot *slot, const SliceAsk *ask, SliceGrant *grant)
 	return true;
 }
 
+/* The hot path: true, with the slice after it in grant, when the subject's live slice grants ask. */
+bool
+slices_grant(const SliceAsk *ask, SliceGrant *grant)
+{
+	int			partition;
+	int			start;
+	SliceSlot  *slots = partition_of(ask->key, &partition, &start);
+	SliceSlot  *slot;
+	bool		granted = false;
+
+	LWLockAcquire(&locks[partition].lock, LW_SHARED);
+	slot = find(slots, start, ask->key);
+	if (slot != NULL)
+		granted = take_from(slot, ask, grant);
+	LWLockRelease(&locks[partition].lock);
+	return granted;
+}
+
+/* Ends every fetch this backend has under way (it is exiting). */
+static void
+abandon_mine(int code, Datum arg)
+{
+	for (int partition = 0; partition < SLICE_PARTITIONS; partition++)
+	{
+		SliceSlot  *slots = &table->slots[partition * table->slots_per_partition];
+
+		LWLockAcquire(&locks[partition].lock, LW_EXCLUSIVE);
+		for (int i = 0; i < table->slots_per_partition; i++)
+			if (slots[i].ticket != 0 && slots[i].fetch_pid == MyProcPid)
+				slots[i].ticket = 0;
+		LWLockRelease(&locks[partition].lock);
+		ConditionVariableBroadcast(&table->fetched[partition]);
+	}
+}
+
 /*
- * One take of ask->cost for its subject: granted from the slice held here
- * (SLICE_GRANTED, the slice after it in grant), or a new slice to fetch
- * (SLICE_FETCH: *want tokens at most, under *ticket, which no other backend
- * fetches meanwhile), or another backend's fetch to wait for (SLICE_WAIT,
- * under *ticket), or Redis to ask for the cost alone (SLICE_NONE). Slices
- * to give back (the subject's own, spent too far or expired, and expired ones
- * of the same partition when a new slice is fetched) are put in backs.
+ * One take of ask->cost for its subject, after slices_grant: granted from a
+ * slice that came meanwhile (SLICE_GRANTED, grant filled), or a new slice to
+ * fetch (SLICE_FETCH: *want tokens at most, under *ticket, which no other
+ * backend fetches meanwhile; the subject's own slice, spent too far or
+ * expired, and some expired ones of the partition go to backs, to be given
+ * back first), or another backend's fetch to wait for (SLICE_WAIT, under
+ * *ticket), or Redis to ask for the cost alone (SLICE_NONE: a cold subject,
+ * or a cost no slice would serve; a live slice is kept for the takes it
+ * can serve).
  */
 SliceOutcome
 slices_take(const SliceAsk *ask, SliceGrant *grant, uint32 *ticket, int64 *want,
@@ -313,15 +386,6 @@ slices_take(const SliceAsk *ask, SliceGrant *grant, uint32 *ticket, int64 *want,
 	int64		now_ms = ask->now_ms;
 
 	*nbacks = 0;
-	/* The hot path: a take from a live slice, beside the other backends' takes. */
-	LWLockAcquire(&locks[partition].lock, LW_SHARED);
-	slot = find(slots, start, ask->key);
-	if (slot != NULL && take_from(slot, ask, grant))
-		outcome = SLICE_GRANTED;
-	LWLockRelease(&locks[partition].lock);
-	if (outcome == SLICE_GRANTED)
-		return outcome;
-
 	LWLockAcquire(&locks[partition].lock, LW_EXCLUSIVE);
 	slot = find(slots, start, ask->key);
 	if (slot == NULL)
@@ -338,51 +402,54 @@ slices_take(const SliceAsk *ask, SliceGrant *grant, uint32 *ticket, int64 *want,
 		int64		demand;
 
 		rotate(slot, now_ms, ask->ttl_ms);
-		hand_back(slot, now_ms, backs, nbacks);
-		for (int i = 0; i < table->slots_per_partition && *nbacks < SLICE_MAX_GIVEBACKS; i++)
-		{
-			SliceSlot  *other = &slots[i];
-
-			if (other->key != 0 && pg_atomic_read_u64(&other->left) > 0 &&
-				!live(other, now_ms) && !fetching(other, now_ms))
-				hand_back(other, now_ms, backs, nbacks);
-		}
 		demand = demand_of(slot);
 		*want = Min(Min(ask->allowance, ask->params->capacity), demand + ask->cost);
 		if (demand > 0 && *want > ask->cost)
 		{
 			uint32		next;
 
+			hand_back(slot, now_ms, backs, nbacks);
+			sweep(partition, slots, now_ms, backs, nbacks);
 			do
 				next = pg_atomic_add_fetch_u32(&table->tickets, 1);
 			while (next == 0);
 			slot->ticket = *ticket = next;
+			slot->fetch_pid = MyProcPid;
 			slot->fetch_ms = now_ms;
 			outcome = SLICE_FETCH;
 		}
+		else if (!live(slot, now_ms) || !same_origin(slot, ask))
+			hand_back(slot, now_ms, backs, nbacks);
 	}
 	LWLockRelease(&locks[partition].lock);
+	if (outcome == SLICE_FETCH && !exit_callback)
+	{
+		before_shmem_exit(abandon_mine, (Datum) 0);
+		exit_callback = true;
+	}
 	return outcome;
 }
 
 /*
  * Installs the slice fetched under ticket (what is left after the fetching
- * take's cost), taken at taken_ms; false when the slot has moved on (another
- * fetch took over, or the slot went to another subject): the caller gives it
- * back.
+ * take's cost), taken at taken_ms. SLICE_MOVED_ON when the slot has moved on
+ * (another fetch took over, or the slot went to another subject): the caller
+ * gives it back; SLICE_DROPPED when rl_reset made it void meanwhile.
  */
-bool
+SliceInstall
 slices_install(const SliceAsk *ask, uint32 ticket, int64 taken_ms, const SliceGrant *slice)
 {
 	int			partition;
 	int			start;
 	SliceSlot  *slots = partition_of(ask->key, &partition, &start);
 	SliceSlot  *slot;
-	bool		installed = false;
+	SliceInstall result = SLICE_MOVED_ON;
 
 	LWLockAcquire(&locks[partition].lock, LW_EXCLUSIVE);
 	slot = find(slots, start, ask->key);
-	if (slot != NULL && slot->ticket == ticket)
+	if (slot != NULL && slot->dropped == ticket)
+		result = SLICE_DROPPED;
+	else if (slot != NULL && slot->ticket == ticket)
 	{
 		slot->ticket = 0;
 		slot->slice = *slice;
@@ -394,11 +461,11 @@ slices_install(const SliceAsk *ask, uint32 ticket, int64 taken_ms, const SliceGr
 		slot->origin.tokens = 0;
 		rotate(slot, ask->now_ms, ask->ttl_ms);
 		pg_atomic_fetch_add_u64(&slot->used, ask->cost);
-		installed = true;
+		result = SLICE_INSTALLED;
 	}
 	LWLockRelease(&locks[partition].lock);
 	ConditionVariableBroadcast(&table->fetched[partition]);
-	return installed;
+	return result;
 }
 
 /* Ends the fetch under ticket without a slice (Redis denied, failed, or the call was cancelled). */
@@ -419,54 +486,38 @@ slices_abandon(uint64 key, uint32 ticket)
 }
 
 /*
- * Waits, at most timeout_ms, until the fetch under ticket of key's slice has
- * ended. Interrupts are served while waiting (a cancel ends it).
+ * Waits, at most timeout_ms from now_ms (this server's clock, which the
+ * fetch's time is on), until the fetch under ticket of key's slice has ended
+ * or is stale. Interrupts are served while waiting (a cancel ends it).
  */
 void
-slices_wait(uint64 key, uint32 ticket, int timeout_ms)
+slices_wait(uint64 key, uint32 ticket, int64 now_ms, int timeout_ms)
 {
 	int			partition;
 	int			start;
 	SliceSlot  *slots = partition_of(key, &partition, &start);
-	TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
+	TimestampTz started = GetCurrentTimestamp();
 
 	ConditionVariablePrepareToSleep(&table->fetched[partition]);
 	for (;;)
 	{
 		SliceSlot  *slot;
 		bool		under_way;
-		long		left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), until);
+		int64		elapsed = TimestampDifferenceMilliseconds(started, GetCurrentTimestamp());
+		int64		left = timeout_ms - elapsed;
 
 		LWLockAcquire(&locks[partition].lock, LW_SHARED);
 		slot = find(slots, start, key);
 		under_way = slot != NULL && slot->ticket == ticket;
+		/* A fetch lost without a trace is waited for until it is stale, no longer. */
+		if (under_way)
+			left = Min(left, slot->fetch_ms + SLICE_FETCH_STALE_MS - now_ms - elapsed);
 		LWLockRelease(&locks[partition].lock);
 		if (!under_way || left <= 0 ||
-			ConditionVariableTimedSleep(&table->fetched[partition], left, PG_WAIT_EXTENSION))
+			ConditionVariableTimedSleep(&table->fetched[partition], (long) left, PG_WAIT_EXTENSION))
 			break;
 	}
 	ConditionVariableCancelSleep();
-}
-
-/*
- * Drops key's slice without giving it back (rl_reset made here: the bucket
- * it came from is full again, so its tokens would be granted twice).
- */
-void
-slices_forget(uint64 key)
-{
-	int			partition;
-	int			start;
-	SliceSlot  *slots = partition_of(key, &partition, &start);
-	SliceSlot  *slot;
-
-	if (!slices_available())
-		return;
-	LWLockAcquire(&locks[partition].lock, LW_EXCLUSIVE);
-	slot = find(slots, start, key);
-	if (slot != NULL)
-		pg_atomic_write_u64(&slot->left, 0);
-	LWLockRelease(&locks[partition].lock);
 }
 
 /* Counts ask's cost, granted by Redis alone, in its subject's demand. */
@@ -486,4 +537,32 @@ slices_note(const SliceAsk *ask)
 		pg_atomic_fetch_add_u64(&slot->used, ask->cost);
 	}
 	LWLockRelease(&locks[partition].lock);
+}
+
+/*
+ * Drops key's slice without giving it back, and the slice of a fetch under
+ * way too (rl_reset made here: the bucket it came from is full again, so its
+ * tokens would be granted twice).
+ */
+void
+slices_forget(uint64 key)
+{
+	int			partition;
+	int			start;
+	SliceSlot  *slots = partition_of(key, &partition, &start);
+	SliceSlot  *slot;
+
+	if (!slices_available())
+		return;
+	LWLockAcquire(&locks[partition].lock, LW_EXCLUSIVE);
+	slot = find(slots, start, key);
+	if (slot != NULL)
+	{
+		pg_atomic_write_u64(&slot->left, 0);
+		if (slot->ticket != 0)
+			slot->dropped = slot->ticket;
+		slot->ticket = 0;
+	}
+	LWLockRelease(&locks[partition].lock);
+	ConditionVariableBroadcast(&table->fetched[partition]);
 }

@@ -8,8 +8,13 @@
 
 #include "algorithm/limit.h"
 
-/* Longest Redis key a slice remembers (a longer one is decided by Redis each time). */
-#define SLICE_KEY_LEN 256
+/*
+ * Longest Redis key a slice remembers: above the longest key there can be
+ * (prefix and scope of 64 bytes, "v<version>.<installation>", a subject's
+ * tag and rest of 64 bytes each or their hashes, a policy name of 63: about
+ * 350 bytes).
+ */
+#define SLICE_KEY_LEN 512
 /* Most give-backs one take of the table hands out: its own and a few expired ones. */
 #define SLICE_MAX_GIVEBACKS 4
 
@@ -31,16 +36,24 @@ typedef struct SliceAsk
 	int64		ttl_ms;			/* how long a slice may be used */
 	const BucketParams *params;
 	const char *redis_key;		/* set for slices_install only */
-	int64		now_ms;
+	int64		now_ms;			/* the take's time (a window's: the one it counts in) */
 } SliceAsk;
 
 typedef enum SliceOutcome
 {
-	SLICE_NONE,					/* ask Redis for the cost alone (a cold subject) */
+	SLICE_NONE,					/* ask Redis for the cost alone */
 	SLICE_GRANTED,				/* granted from the slice */
 	SLICE_FETCH,				/* ask Redis for a slice (the ticket says whose) */
 	SLICE_WAIT					/* another backend fetches a slice (the ticket says whose) */
 } SliceOutcome;
+
+/* What became of a fetched slice. */
+typedef enum SliceInstall
+{
+	SLICE_INSTALLED,
+	SLICE_MOVED_ON,				/* another fetch took over, or the slot went: give it back */
+	SLICE_DROPPED				/* rl_reset made here meanwhile: its tokens are void */
+} SliceInstall;
 
 /* A slice, as a grant from it or its installation reads it. */
 typedef struct SliceGrant
@@ -48,7 +61,8 @@ typedef struct SliceGrant
 	int64		left;			/* tokens still in the slice */
 	int64		remaining;		/* Redis's remaining when the slice was taken */
 	int64		reset_until_ms; /* Redis's reset-after then, on this server's clock */
-	int64		usable_until_ms;	/* the slice is used until then */
+	int64		usable_from_ms; /* the slice is used from then (a window's start) ... */
+	int64		usable_until_ms;	/* ... until then */
 	int64		givable_until_ms;	/* what is left is given back until then (a window's end) */
 } SliceGrant;
 
@@ -57,12 +71,13 @@ extern Size slices_shmem_size(void);
 extern void slices_shmem_request(void);
 extern void slices_shmem_init(void);
 extern bool slices_available(void);
+extern bool slices_grant(const SliceAsk *ask, SliceGrant *grant);
 extern SliceOutcome slices_take(const SliceAsk *ask, SliceGrant *grant, uint32 *ticket,
 								int64 *want, SliceGiveBack *backs, int *nbacks);
-extern bool slices_install(const SliceAsk *ask, uint32 ticket, int64 taken_ms,
-						   const SliceGrant *slice);
+extern SliceInstall slices_install(const SliceAsk *ask, uint32 ticket, int64 taken_ms,
+								   const SliceGrant *slice);
 extern void slices_abandon(uint64 key, uint32 ticket);
-extern void slices_wait(uint64 key, uint32 ticket, int timeout_ms);
+extern void slices_wait(uint64 key, uint32 ticket, int64 now_ms, int timeout_ms);
 extern void slices_note(const SliceAsk *ask);
 extern void slices_forget(uint64 key);
 

@@ -57,6 +57,10 @@ SELECT version = :v_before AS same_version FROM rl_policy WHERE name = 'al.none'
 -- rl_define sets both, and keeps them when left out.
 SELECT name, allowance, allowance_ttl FROM rl_define('al.defined', 100, '1 minute', allowance => 20, allowance_ttl => '5 s');
 SELECT name, allowance, allowance_ttl FROM rl_define('al.defined', 200, '1 minute');
+-- A change to an algorithm without allowances drops it; a capacity below it is refused.
+SELECT name, algorithm, allowance FROM rl_define('al.defined', 200, '1 minute', algorithm => 'sliding_window');
+SELECT name, allowance FROM rl_define('al.defined', 200, '1 minute', allowance => 20);
+SELECT expect_error($$SELECT rl_define('al.defined', 10, '1 minute')$$);
 
 --
 -- A token bucket: the first take asks Redis; a subject asked again takes a slice of what
@@ -101,6 +105,10 @@ VALUES ('al.costs', 100, 1, '1 day', 50, '1 min');
 SELECT * FROM pg_temp.takes('al.costs', 'x', 4, 3);
 SELECT allowed, remaining, source FROM rl_consume('al.costs', 'x', 40);
 SELECT 100 - tokens_granted - pg_temp.in_redis('al.costs', 'x') AS held_here FROM rl_stats WHERE policy = 'al.costs';
+-- A cost above the allowance (no slice would be larger): Redis alone (which holds 38:
+-- denied), the slice kept for the takes it can serve.
+SELECT allowed, source FROM rl_consume('al.costs', 'x', 51);
+SELECT allowed, source FROM rl_consume('al.costs', 'x', 1);
 
 --
 -- GCRA, the same.

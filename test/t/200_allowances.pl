@@ -83,6 +83,15 @@ sub in_redis
 
 sub evalsha { return $redis->command_calls('evalsha') + $redis->command_calls('eval') }
 
+# True while the backend pid exists (not a zombie).
+sub backend_alive
+{
+	my ($pid) = @_;
+	open(my $status, '<', "/proc/$pid/status") or return 0;
+	local $/;
+	return <$status> !~ /^State:\s+Z/m;
+}
+
 # The bucket is one: a take on one server is seen by the others.
 $nodes[0]->safe_psql('postgres', q{SELECT rl_consume('al.hot', 'probe')});
 is($nodes[3]->safe_psql('postgres', q{SELECT remaining FROM rl_peek('al.hot', 'probe')}),
@@ -198,6 +207,25 @@ $redis->resume;
 is($waiter->query_ok(q{SELECT allowed || ' ' || source FROM rl_consume('al.wait', 'w')}), 'true redis',
 	'afterwards, the next take fetches a slice again');
 $fetcher->quit;
+
+# A backend terminated while it fetches: its fetch ends with it, and nobody waits for it.
+is($waiter->query_ok(q{SELECT source FROM rl_consume('al.wait', 'w')}), 'allowance',
+	'the slice taken again is spent');
+my $doomed = session($node, options => '-c ratelimit.command_timeout=60s');
+my $doomed_pid = $doomed->query_ok('SELECT pg_backend_pid()');
+$redis->pause;
+$doomed->start_query(q{SELECT source FROM rl_consume('al.wait', 'w')});
+usleep(300_000);
+$node->safe_psql('postgres', "SELECT pg_terminate_backend($doomed_pid)");
+my $gone_deadline = time + 10;
+usleep(50_000) until !backend_alive($doomed_pid) || time > $gone_deadline;
+ok(!backend_alive($doomed_pid), 'the fetching backend is gone');
+$redis->resume;
+my $asked_at = time;
+is($waiter->query_ok(q{SELECT source FROM rl_consume('al.wait', 'w')}), 'redis',
+	'the next take fetches a slice itself');
+cmp_ok(time - $asked_at, '<', 2, 'at once: it did not wait for the dead backend\'s fetch');
+eval { $doomed->quit };
 $waiter->quit;
 
 $_->stop foreach @nodes;
