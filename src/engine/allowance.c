@@ -24,6 +24,8 @@
  */
 #include "prelude.h"
 
+#include "common/hashfn.h"
+
 #include "algorithm/window.h"
 #include "base/clock.h"
 #include "engine/allowance.h"
@@ -53,9 +55,10 @@ allowance_grant(const DecisionRequest *request, AllowancePlan *plan, SliceGrant 
 		request->refund_id != NULL)
 		return false;
 	plan->request = request;
-	plan->sliced = true;
 	plan->at_ms = take_time(request);
 	plan->ask.key = request_local_key(request);
+	plan->ask.check = hash_bytes_extended((const unsigned char *) request->subject,
+										  request->length, plan->ask.key);
 	plan->ask.cost = request->cost;
 	plan->ask.allowance = policy->allowance;
 	plan->ask.ttl_ms = policy->allowance_ttl_ms;
@@ -81,7 +84,7 @@ allowance_plan(AllowancePlan *plan, bool may_wait, SliceGrant *grant, SliceGiveB
 			   int *nbacks)
 {
 	*nbacks = 0;
-	if (!plan->sliced)
+	if (plan->request == NULL)
 		return false;
 	plan->outcome = slices_take(&plan->ask, grant, &plan->ticket, &plan->want, backs, nbacks);
 	/* Another backend fetches a slice: its tokens are soon here (a Redis call saved). */
@@ -104,7 +107,7 @@ allowance_plan(AllowancePlan *plan, bool may_wait, SliceGrant *grant, SliceGiveB
 void
 allowance_request(const AllowancePlan *plan, DecisionRequest *sent)
 {
-	if (plan->sliced && !limit_refills(sent->policy.algorithm))
+	if (plan->request != NULL && !limit_refills(sent->policy.algorithm))
 		sent->at_ms = plan->at_ms;
 	if (plan->outcome != SLICE_FETCH)
 		return;
@@ -152,7 +155,7 @@ allowance_after(AllowancePlan *plan, const char *redis_key, bool answered, bool 
 
 	if (plan->outcome != SLICE_FETCH)
 	{
-		if (plan->sliced && answered && allowed)
+		if (plan->request != NULL && answered && allowed)
 			slices_note(&plan->ask);
 		return false;
 	}

@@ -13,10 +13,9 @@
 /* What one take does about its subject's slice, from before Redis is asked to after. */
 typedef struct AllowancePlan
 {
-	const DecisionRequest *request;
+	const DecisionRequest *request;	/* NULL: the take cannot use a slice */
 	SliceAsk	ask;
 	SliceOutcome outcome;		/* SLICE_NONE also when the take cannot use a slice */
-	bool		sliced;			/* the take may use a slice: the slot's demand counts it */
 	uint32		ticket;			/* SLICE_FETCH: the fetch's */
 	int64		want;			/* SLICE_FETCH: the most tokens to take */
 	int64		taken;			/* SLICE_FETCH: what Redis took */

@@ -3,10 +3,9 @@
  *	  Slices of hot subjects' tokens held by this server, in shared memory:
  *	  the table behind allowances (engine/allowance.c says when to use it).
  *
- * A slot per subject (its key is the local buckets' hash of database, policy,
- * version, installation and subject) holds at most one slice: tokens taken
- * from the subject's bucket in Redis by one call, granted here one take at a
- * time until they are spent or the slice's time is up. What is left then is
+ * A slot per subject holds at most one slice: tokens taken from the
+ * subject's bucket in Redis by one call, granted here one take at a time
+ * until they are spent or the slice's time is up. What is left then is
  * handed out to be given back to Redis, by the take that finds it (its own
  * subject's next fetch, or any fetch of this database that sweeps the same
  * partition). At most one fetch of a new slice is under way per subject, so
@@ -22,6 +21,11 @@
  * granted something in them, and a new slice is that much and the cost (at
  * most the allowance), so that a slice grows with what the subject really
  * asks of this server and a subject asked once in a while parks nothing.
+ *
+ * A slot's key is the local buckets' hash of database, policy, version,
+ * installation and subject; a second hash of the subject tells two subjects
+ * whose keys collide apart (the second gets no slice), so a slice is never
+ * granted to a subject it was not taken for.
  *
  * The table has ratelimit.allowance_size slots in partitions with a lock
  * each; a subject's slot is one of a few probed from its hash, and when all
@@ -55,6 +59,7 @@
 typedef struct SliceSlot
 {
 	uint64		key;			/* 0: empty */
+	uint64		check;			/* the subject's other hash (SliceAsk.check) */
 	Oid			database;
 	uint32		ticket;			/* the fetch of a new slice under way (0: none) */
 	uint32		dropped;		/* a fetch whose slice rl_reset made void */
@@ -180,6 +185,17 @@ find(SliceSlot *slots, int start, uint64 key)
 	return NULL;
 }
 
+/* Locks key's partition in mode and returns key's slot (NULL: none); *partition is the lock's. */
+static SliceSlot *
+lock_slot(uint64 key, LWLockMode mode, int *partition)
+{
+	int			start;
+	SliceSlot  *slots = partition_of(key, partition, &start);
+
+	LWLockAcquire(&locks[*partition].lock, mode);
+	return find(slots, start, key);
+}
+
 /*
  * True when slot's fetch is under way (not one whose backend was lost).
  * Clocks read just before the lock may be a little behind fetch_ms: only a
@@ -265,6 +281,7 @@ claim(SliceSlot *slots, int start, const SliceAsk *ask, SliceGiveBack *backs, in
 		return NULL;
 	hand_back(chosen, ask->now_ms, backs, nbacks);
 	slot_init(chosen, ask->key);
+	chosen->check = ask->check;
 	chosen->database = MyDatabaseId;
 	chosen->period_ms = ask->now_ms;
 	return chosen;
@@ -314,7 +331,7 @@ take_from(SliceSlot *slot, const SliceAsk *ask, SliceGrant *grant)
 {
 	uint64		left;
 
-	if (!live(slot, ask->now_ms) || !same_origin(slot, ask))
+	if (slot->check != ask->check || !live(slot, ask->now_ms) || !same_origin(slot, ask))
 		return false;
 	left = pg_atomic_read_u64(&slot->left);
 	do
@@ -333,15 +350,9 @@ bool
 slices_grant(const SliceAsk *ask, SliceGrant *grant)
 {
 	int			partition;
-	int			start;
-	SliceSlot  *slots = partition_of(ask->key, &partition, &start);
-	SliceSlot  *slot;
-	bool		granted = false;
+	SliceSlot  *slot = lock_slot(ask->key, LW_SHARED, &partition);
+	bool		granted = slot != NULL && take_from(slot, ask, grant);
 
-	LWLockAcquire(&locks[partition].lock, LW_SHARED);
-	slot = find(slots, start, ask->key);
-	if (slot != NULL)
-		granted = take_from(slot, ask, grant);
 	LWLockRelease(&locks[partition].lock);
 	return granted;
 }
@@ -390,6 +401,8 @@ slices_take(const SliceAsk *ask, SliceGrant *grant, uint32 *ticket, int64 *want,
 	slot = find(slots, start, ask->key);
 	if (slot == NULL)
 		(void) claim(slots, start, ask, backs, nbacks);
+	else if (slot->check != ask->check)
+		outcome = SLICE_NONE;	/* another subject's (their keys collide): no slice for this one */
 	else if (take_from(slot, ask, grant))
 		outcome = SLICE_GRANTED;
 	else if (fetching(slot, now_ms))
@@ -440,16 +453,12 @@ SliceInstall
 slices_install(const SliceAsk *ask, uint32 ticket, int64 taken_ms, const SliceGrant *slice)
 {
 	int			partition;
-	int			start;
-	SliceSlot  *slots = partition_of(ask->key, &partition, &start);
-	SliceSlot  *slot;
+	SliceSlot  *slot = lock_slot(ask->key, LW_EXCLUSIVE, &partition);
 	SliceInstall result = SLICE_MOVED_ON;
 
-	LWLockAcquire(&locks[partition].lock, LW_EXCLUSIVE);
-	slot = find(slots, start, ask->key);
 	if (slot != NULL && slot->dropped == ticket)
 		result = SLICE_DROPPED;
-	else if (slot != NULL && slot->ticket == ticket)
+	else if (slot != NULL && slot->ticket == ticket && slot->check == ask->check)
 	{
 		slot->ticket = 0;
 		slot->slice = *slice;
@@ -473,12 +482,8 @@ void
 slices_abandon(uint64 key, uint32 ticket)
 {
 	int			partition;
-	int			start;
-	SliceSlot  *slots = partition_of(key, &partition, &start);
-	SliceSlot  *slot;
+	SliceSlot  *slot = lock_slot(key, LW_EXCLUSIVE, &partition);
 
-	LWLockAcquire(&locks[partition].lock, LW_EXCLUSIVE);
-	slot = find(slots, start, key);
 	if (slot != NULL && slot->ticket == ticket)
 		slot->ticket = 0;
 	LWLockRelease(&locks[partition].lock);
@@ -495,19 +500,17 @@ slices_wait(uint64 key, uint32 ticket, int64 now_ms, int timeout_ms)
 {
 	int			partition;
 	int			start;
-	SliceSlot  *slots = partition_of(key, &partition, &start);
 	TimestampTz started = GetCurrentTimestamp();
 
+	(void) partition_of(key, &partition, &start);
 	ConditionVariablePrepareToSleep(&table->fetched[partition]);
 	for (;;)
 	{
-		SliceSlot  *slot;
+		SliceSlot  *slot = lock_slot(key, LW_SHARED, &partition);
 		bool		under_way;
 		int64		elapsed = TimestampDifferenceMilliseconds(started, GetCurrentTimestamp());
 		int64		left = timeout_ms - elapsed;
 
-		LWLockAcquire(&locks[partition].lock, LW_SHARED);
-		slot = find(slots, start, key);
 		under_way = slot != NULL && slot->ticket == ticket;
 		/* A fetch lost without a trace is waited for until it is stale, no longer. */
 		if (under_way)
@@ -525,13 +528,9 @@ void
 slices_note(const SliceAsk *ask)
 {
 	int			partition;
-	int			start;
-	SliceSlot  *slots = partition_of(ask->key, &partition, &start);
-	SliceSlot  *slot;
+	SliceSlot  *slot = lock_slot(ask->key, LW_EXCLUSIVE, &partition);
 
-	LWLockAcquire(&locks[partition].lock, LW_EXCLUSIVE);
-	slot = find(slots, start, ask->key);
-	if (slot != NULL)
+	if (slot != NULL && slot->check == ask->check)
 	{
 		rotate(slot, ask->now_ms, ask->ttl_ms);
 		pg_atomic_fetch_add_u64(&slot->used, ask->cost);
@@ -548,14 +547,11 @@ void
 slices_forget(uint64 key)
 {
 	int			partition;
-	int			start;
-	SliceSlot  *slots = partition_of(key, &partition, &start);
 	SliceSlot  *slot;
 
 	if (!slices_available())
 		return;
-	LWLockAcquire(&locks[partition].lock, LW_EXCLUSIVE);
-	slot = find(slots, start, key);
+	slot = lock_slot(key, LW_EXCLUSIVE, &partition);
 	if (slot != NULL)
 	{
 		pg_atomic_write_u64(&slot->left, 0);

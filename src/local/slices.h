@@ -31,6 +31,7 @@ typedef struct SliceGiveBack
 typedef struct SliceAsk
 {
 	uint64		key;			/* the subject's hash (as the local buckets' key) */
+	uint64		check;			/* another hash of it: two subjects whose keys collide differ here */
 	int64		cost;
 	int64		allowance;		/* the most tokens one slice holds */
 	int64		ttl_ms;			/* how long a slice may be used */

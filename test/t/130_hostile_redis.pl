@@ -79,13 +79,15 @@ $node->safe_psql(
 	  ('h.open', 1000, 1000, '1 day', 'open'),
 	  ('tb.tenant', 1000, 1000, '1 day', 'closed'),
 	  ('tb.user', 1000, 1000, '1 day', 'closed');
+	INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, fail_mode, allowance) VALUES
+	  ('h.allowance', 1000, 1000, '1 day', 'closed', 10);
 	INSERT INTO rl_policy (name, algorithm, capacity, idle_ttl, fail_mode) VALUES
 	  ('c.closed', 'concurrency', 3, '1 min', 'closed');
 });
 
 # Subjects: never in the log, never printed (test names say what they are for).
 my %subject = map { $_ => "subj130_$_" } qw(warm hostile trickle ttl noset lease oom
-  bucket flood fake a r l minimal nosha refund);
+  bucket flood fake a r l minimal nosha refund slice);
 my @all_subjects = (values %subject, 'acme', 'acme/bob');
 
 # Whether decision d is the fail mode of policy, without error.
@@ -195,6 +197,28 @@ $h->query_ok("SET ratelimit.command_timeout = '${timeout_ms}ms'");
 		"(3a'') rl_peek on a Redis without shebangs: answered by the script without one");
 	is($h->query("SELECT allowed, remaining, source FROM rl_peek('h.closed', 'old_redis')"), 't|1|redis',
 		"(3a'') the next peek sends no shebang again");
+	$fake->stop;
+}
+
+# (3a''') A slice's reply that claims more tokens than were asked for (an allowance's
+# slice asks for at most 2 here): refused, never held as a slice of a million. The fake
+# grants takes (sha, 1, key and 6 numbers) and answers slices (7 numbers) with a million.
+{
+	my $fake = fake_redis_start(
+		reply => sub {
+			my ($command, @args) = @_;
+			return "-ERR unexpected\r\n" unless $command eq 'EVALSHA';
+			return @args == 10 ? "*4\r\n:1000000\r\n:0\r\n:0\r\n:0\r\n" : "*4\r\n:1\r\n:999\r\n:0\r\n:0\r\n";
+		});
+	set_url($h, $fake->url);
+	my $d = $h->consume('h.allowance', $subject{slice});
+	is("$d->{allowed} $d->{source}", 't redis', "(3a''') a take: granted");
+	is_fail_mode($h->consume('h.allowance', $subject{slice}), 'h.allowance',
+		"(3a''') the slice of a million");
+	is($h->query(q{SELECT redis_errors->>'protocol' FROM rl_stats WHERE policy = 'h.allowance'}), '1',
+		"(3a''') counted in rl_stats as a protocol error");
+	isnt($h->consume('h.allowance', $subject{slice})->{source}, 'allowance',
+		"(3a''') and nothing is granted from it");
 	$fake->stop;
 }
 

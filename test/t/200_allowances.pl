@@ -226,6 +226,21 @@ is($waiter->query_ok(q{SELECT source FROM rl_consume('al.wait', 'w')}), 'redis',
 	'the next take fetches a slice itself');
 cmp_ok(time - $asked_at, '<', 2, 'at once: it did not wait for the dead backend\'s fetch');
 eval { $doomed->quit };
+
+# Redis down while a slice is fetched: the take is decided by the fail mode, and the
+# fetch ends with it; once Redis is back, the next take fetches at once (it does not
+# wait for a fetch that failed).
+is($waiter->query_ok(q{SELECT source FROM rl_consume('al.wait', 'w')}), 'allowance',
+	'again a slice spent');
+$redis->kill9;
+is($waiter->query_ok(q{SELECT allowed || ' ' || source FROM rl_consume('al.wait', 'w')}),
+	'false fail_closed', 'Redis down during the fetch: the fail mode decides');
+$redis->restart;
+usleep(1_200_000);    # the breaker's retry_interval
+$asked_at = time;
+is($waiter->query_ok(q{SELECT allowed || ' ' || source FROM rl_consume('al.wait', 'w')}), 'true redis',
+	'Redis back: the next take fetches a slice');
+cmp_ok(time - $asked_at, '<', 2, 'at once: the failed fetch ended with its take');
 $waiter->quit;
 
 $_->stop foreach @nodes;
