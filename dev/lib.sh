@@ -6,7 +6,8 @@ set -euo pipefail
 
 RL_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 RL_PG_VERSION=15
-RL_PG_BIN=/usr/lib/postgresql/$RL_PG_VERSION/bin
+# RL_PG_BIN may name a copy of that tree (a private installation, for parallel work).
+RL_PG_BIN=${RL_PG_BIN:-/usr/lib/postgresql/$RL_PG_VERSION/bin}
 RL_PG_CONFIG=$RL_PG_BIN/pg_config
 # The unprivileged user that runs the servers and tests (PostgreSQL refuses root).
 RL_USER=${RL_USER:-postgres}
