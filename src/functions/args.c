@@ -81,6 +81,42 @@ args_array(FunctionCallInfo fcinfo, int argno, Oid type, const char *what, Datum
 	return count;
 }
 
+/* Starts row for a tuple of desc, every column NULL. */
+void
+args_row_start(ArgsRow *row, TupleDesc desc)
+{
+	row->desc = desc;
+	row->values = palloc0(Max(desc->natts, 1) * sizeof(Datum));
+	row->nulls = palloc(Max(desc->natts, 1) * sizeof(bool));
+	memset(row->nulls, true, Max(desc->natts, 1) * sizeof(bool));
+}
+
+/*
+ * Sets the column named column of row, if the row type has it (an older
+ * version's may not): its type must be type, or the SQL objects are not
+ * those this library knows.
+ */
+void
+args_row_set(ArgsRow *row, const char *column, Oid type, Datum value)
+{
+	for (int i = 0; i < row->desc->natts; i++)
+	{
+		Form_pg_attribute attribute = TupleDescAttr(row->desc, i);
+
+		if (attribute->attisdropped || strcmp(NameStr(attribute->attname), column) != 0)
+			continue;
+		if (attribute->atttypid != type)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("column \"%s\" has type %s, the ratelimit library returns %s",
+							column, format_type_be(attribute->atttypid), format_type_be(type)),
+					 errhint("Run ALTER EXTENSION ratelimit UPDATE.")));
+		row->values[i] = value;
+		row->nulls[i] = false;
+		return;
+	}
+}
+
 /* The eight rl_decision columns of decision (none of them NULL). */
 void
 args_decision_values(const Decision *decision, Datum *values)

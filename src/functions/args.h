@@ -14,6 +14,20 @@ extern void args_request(FunctionCallInfo fcinfo, BucketMode mode, DecisionReque
 extern const Policy *args_policy_subject(FunctionCallInfo fcinfo, DecisionRequest *request);
 extern int	args_array(FunctionCallInfo fcinfo, int argno, Oid type, const char *what,
 					   Datum **values);
+/*
+ * A result row filled column by column, by name: the columns a function
+ * returns differ between the extension's SQL versions, and until ALTER
+ * EXTENSION UPDATE an older version's row type is the one to fill.
+ */
+typedef struct ArgsRow
+{
+	TupleDesc	desc;
+	Datum	   *values;
+	bool	   *nulls;			/* every column NULL until it is set */
+} ArgsRow;
+
+extern void args_row_start(ArgsRow *row, TupleDesc desc);
+extern void args_row_set(ArgsRow *row, const char *column, Oid type, Datum value);
 extern void args_decision_values(const Decision *decision, Datum *values);
 extern Datum args_decision_datum(FunctionCallInfo fcinfo, const Decision *decision);
 

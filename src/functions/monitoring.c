@@ -6,12 +6,14 @@
 #include "prelude.h"
 
 #include "access/htup_details.h"
+#include "catalog/pg_type.h"
 #include "funcapi.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
 #include "utils/timestamp.h"
 
 #include "base/log_privacy.h"
+#include "functions/args.h"
 #include "local/buckets.h"
 #include "observe/stats.h"
 #include "policy/subject.h"
@@ -20,14 +22,13 @@
 #include "redis/connection.h"
 
 /*
- * One row of rl_health for breaker i (false: not the current URL's): its
- * node reachable or not since when,
- * the breaker, the last error and when, the node, the slots this backend
- * sends there; and the local buckets. natts: 8 (before 0.5.0), 10 (before
- * 0.6.0) or 11.
+ * Fills row with rl_health's columns for breaker i (false: not the current
+ * URL's): its node reachable or not since when, the breaker, the last error
+ * and when, the node, the slots this backend sends there; and the local
+ * buckets. Older versions' rows have fewer of these columns.
  */
 static bool
-health_row(int i, int natts, Datum *values, bool *nulls)
+health_row(int i, ArgsRow *row)
 {
 	BreakerHealth health;
 	int			in_use,
@@ -38,36 +39,31 @@ health_row(int i, int natts, Datum *values, bool *nulls)
 	if (!breaker_health(i, &health))
 		return false;
 	local_usage(&in_use, &slots);
-	memset(nulls, 0, 11 * sizeof(bool));
-	values[0] = BoolGetDatum(health.reachable);
-	values[1] = TimestampTzGetDatum(health.since);
-	nulls[1] = health.since == 0;
-	values[2] = CStringGetTextDatum(health.open ? "open" : "closed");
-	values[3] = Int64GetDatum(health.retry_in_ms);
-	if (health.last_failure.kind == REDIS_FAILURE_NONE)
-		nulls[4] = true;
-	else
-		values[4] = CStringGetTextDatum(psprintf("%s: %s",
-												 redis_failure_kind_name(health.last_failure.kind),
-												 health.last_failure.detail));
-	values[5] = Int32GetDatum(in_use);
-	values[6] = Int32GetDatum(slots);
-	values[7] = BoolGetDatum(health.shared);
-	if (natts < 10)
-		return true;
-	/* Since 0.5.0: when the last error was seen, and the node. */
-	values[8] = TimestampTzGetDatum(health.last_failure_at);
-	nulls[8] = health.last_failure.kind == REDIS_FAILURE_NONE;
+	args_row_set(row, "redis_reachable", BOOLOID, BoolGetDatum(health.reachable));
+	if (health.since != 0)
+		args_row_set(row, "since", TIMESTAMPTZOID, TimestampTzGetDatum(health.since));
+	args_row_set(row, "breaker", TEXTOID, CStringGetTextDatum(health.open ? "open" : "closed"));
+	args_row_set(row, "retry_in_ms", INT8OID, Int64GetDatum(health.retry_in_ms));
+	if (health.last_failure.kind != REDIS_FAILURE_NONE)
+	{
+		args_row_set(row, "last_error", TEXTOID,
+					 CStringGetTextDatum(psprintf("%s: %s",
+												  redis_failure_kind_name(health.last_failure.kind),
+												  health.last_failure.detail)));
+		args_row_set(row, "last_error_at", TIMESTAMPTZOID,
+					 TimestampTzGetDatum(health.last_failure_at));
+	}
+	args_row_set(row, "local_buckets_in_use", INT4OID, Int32GetDatum(in_use));
+	args_row_set(row, "local_buckets", INT4OID, Int32GetDatum(slots));
+	args_row_set(row, "shared", BOOLOID, BoolGetDatum(health.shared));
 	/* A Sentinel or unix URL's one breaker: the node this backend is connected to. */
 	index = cluster_node_index(health.node);
 	node = health.node[0] != '\0' ? health.node : connection_node(0);
-	values[9] = CStringGetTextDatum(node);
-	nulls[9] = node[0] == '\0';
-	if (natts < 11)
-		return true;
-	/* Since 0.6.0: the slots of a cluster node (NULL when this backend has no map of them). */
-	values[10] = Int32GetDatum(index >= 0 ? cluster_node_slots(index) : 0);
-	nulls[10] = index < 0 || !cluster_enabled();
+	if (node[0] != '\0')
+		args_row_set(row, "node", TEXTOID, CStringGetTextDatum(node));
+	/* The slots of a cluster node (NULL when this backend has no map of them). */
+	if (index >= 0 && cluster_enabled())
+		args_row_set(row, "slots", INT4OID, Int32GetDatum(cluster_node_slots(index)));
 	return true;
 }
 
@@ -80,8 +76,8 @@ RL_SQL_FUNCTION(rl_health)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	TupleDesc	desc;
-	Datum		values[11];
-	bool		nulls[11];
+	ArgsRow		row;
+	bool		found = false;
 
 	/* Before the first call, the URL's own node (its breaker, still closed). */
 	cluster_prepare();
@@ -90,8 +86,11 @@ RL_SQL_FUNCTION(rl_health)
 	{
 		InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 		for (int i = 0; i < breaker_node_count(); i++)
-			if (health_row(i, rsinfo->setDesc->natts, values, nulls))
-				tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		{
+			args_row_start(&row, rsinfo->setDesc);
+			if (health_row(i, &row))
+				tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, row.values, row.nulls);
+		}
 		return (Datum) 0;
 	}
 	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
@@ -99,18 +98,17 @@ RL_SQL_FUNCTION(rl_health)
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("function returning a record called in a context that cannot accept it")));
 	/* The first row of the current URL's. */
+	for (int i = 0; i < breaker_node_count() && !found; i++)
 	{
-		bool		found = false;
-
-		for (int i = 0; i < breaker_node_count() && !found; i++)
-			found = health_row(i, desc->natts, values, nulls);
-		if (!found)
-			ereport(ERROR,
-					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-					 errmsg("the table of Redis nodes is full"),
-					 errhint("Restart the server to empty it; ALTER EXTENSION ratelimit UPDATE lists every node.")));
+		args_row_start(&row, desc);
+		found = health_row(i, &row);
 	}
-	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(desc), values, nulls)));
+	if (!found)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("the table of Redis nodes is full"),
+				 errhint("Restart the server to empty it; ALTER EXTENSION ratelimit UPDATE lists every node.")));
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(desc), row.values, row.nulls)));
 }
 
 /* Milliseconds, for the view, of a microsecond figure. */
@@ -163,42 +161,47 @@ histogram_jsonb(const StatsRow *row)
 	return DirectFunctionCall1(jsonb_in, CStringGetDatum(json.data));
 }
 
-/* Appends row to the result set. */
+/* Sets a counter column of row. */
 static void
-stats_put_row(ReturnSetInfo *rsinfo, const StatsRow *row)
+set_count(ArgsRow *row, const char *column, uint64 count)
 {
-	Datum		values[21];
-	bool		nulls[21] = {0};
-	int			n = 0;
-	/* Until ALTER EXTENSION UPDATE to 0.8, the function has no source_allowance. */
-	bool		allowance = rsinfo->setDesc->natts == lengthof(values);
+	args_row_set(row, column, INT8OID, Int64GetDatum((int64) count));
+}
 
-	values[n++] = CStringGetTextDatum(row->policy[0] ? row->policy : "(other)");
-	values[n++] = Int64GetDatum(row->allowed + row->denied);
-	values[n++] = Int64GetDatum(row->allowed);
-	values[n++] = Int64GetDatum(row->denied);
-	values[n++] = Int64GetDatum(row->tokens);
-	values[n++] = Int64GetDatum(row->shadow_denials);
-	values[n++] = Int64GetDatum(row->by_source[DECISION_SOURCE_REDIS]);
-	values[n++] = Int64GetDatum(row->by_source[DECISION_SOURCE_LOCAL]);
-	values[n++] = Int64GetDatum(row->by_source[DECISION_SOURCE_FAIL_OPEN]);
-	values[n++] = Int64GetDatum(row->by_source[DECISION_SOURCE_FAIL_CLOSED]);
-	values[n++] = Int64GetDatum(row->by_source[DECISION_SOURCE_OVERRIDE]);
-	values[n++] = Int64GetDatum(row->by_source[DECISION_SOURCE_DISABLED]);
-	values[n++] = Int64GetDatum(row->by_source[DECISION_SOURCE_DENY_CACHE]);
-	if (allowance)
-		values[n++] = Int64GetDatum(row->by_source[DECISION_SOURCE_ALLOWANCE]);
-	values[n++] = Int64GetDatum(row->redis_calls);
-	values[n++] = failures_jsonb(row);
+/* Appends stats to the result set, in the columns its version of rl_stats has. */
+static void
+stats_put_row(ReturnSetInfo *rsinfo, const StatsRow *stats)
+{
+	ArgsRow		row;
+
+	args_row_start(&row, rsinfo->setDesc);
+	args_row_set(&row, "policy", TEXTOID,
+				 CStringGetTextDatum(stats->policy[0] ? stats->policy : "(other)"));
+	set_count(&row, "decisions", stats->allowed + stats->denied);
+	set_count(&row, "allowed", stats->allowed);
+	set_count(&row, "denied", stats->denied);
+	set_count(&row, "tokens_granted", stats->tokens);
+	set_count(&row, "shadow_denials", stats->shadow_denials);
+	set_count(&row, "source_redis", stats->by_source[DECISION_SOURCE_REDIS]);
+	set_count(&row, "source_local", stats->by_source[DECISION_SOURCE_LOCAL]);
+	set_count(&row, "source_fail_open", stats->by_source[DECISION_SOURCE_FAIL_OPEN]);
+	set_count(&row, "source_fail_closed", stats->by_source[DECISION_SOURCE_FAIL_CLOSED]);
+	set_count(&row, "source_override", stats->by_source[DECISION_SOURCE_OVERRIDE]);
+	set_count(&row, "source_disabled", stats->by_source[DECISION_SOURCE_DISABLED]);
+	set_count(&row, "source_deny_cache", stats->by_source[DECISION_SOURCE_DENY_CACHE]);
+	set_count(&row, "source_allowance", stats->by_source[DECISION_SOURCE_ALLOWANCE]);
+	set_count(&row, "redis_calls", stats->redis_calls);
+	args_row_set(&row, "redis_errors", JSONBOID, failures_jsonb(stats));
 	/* Without a round trip there is no latency to tell. */
-	nulls[n] = nulls[n + 1] = nulls[n + 2] = row->round_trips == 0;
-	values[n++] = ms_datum(stats_latency_quantile(row, 0.50));
-	values[n++] = ms_datum(stats_latency_quantile(row, 0.99));
-	values[n++] = ms_datum(row->latency_max_us);
-	values[n++] = histogram_jsonb(row);
-	values[n++] = TimestampTzGetDatum(row->reset_at);
-	Assert(n == rsinfo->setDesc->natts);
-	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	if (stats->round_trips > 0)
+	{
+		args_row_set(&row, "latency_p50_ms", FLOAT8OID, ms_datum(stats_latency_quantile(stats, 0.50)));
+		args_row_set(&row, "latency_p99_ms", FLOAT8OID, ms_datum(stats_latency_quantile(stats, 0.99)));
+		args_row_set(&row, "latency_max_ms", FLOAT8OID, ms_datum(stats->latency_max_us));
+	}
+	args_row_set(&row, "latency_histogram", JSONBOID, histogram_jsonb(stats));
+	args_row_set(&row, "stats_reset", TIMESTAMPTZOID, TimestampTzGetDatum(stats->reset_at));
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, row.values, row.nulls);
 }
 
 /* rl_stats_read(): a row per policy of this database that decided since start, and "(other)". */
