@@ -9,10 +9,14 @@
  * still gets its context). And PostgreSQL logs a setting's new value when a
  * reload changes it, which for ratelimit.redis_url and ratelimit.subject_secret
  * would be a password or the secret: an emit_log_hook (in the postmaster too,
- * when preloaded) leaves the value out of that line.
+ * when preloaded) leaves the value out of that line. The same hook leaves out
+ * the statement of any line logged while a statement that names one of
+ * these settings runs (an ALTER ROLE ... SET refused, a SET with a typo),
+ * and the value of PostgreSQL's "invalid value for parameter" line for them.
  */
 #include "prelude.h"
 
+#include "tcop/tcopprot.h"
 #include "utils/elog.h"
 
 #include "base/log_privacy.h"
@@ -71,10 +75,39 @@ redact_setting_change(ErrorData *edata)
 	}
 }
 
+/* True when text names a secret setting (names of settings ignore case). */
+static bool
+names_secret_setting(const char *text)
+{
+	for (const char *at = text; *at != '\0'; at++)
+		for (size_t i = 0; i < lengthof(secret_settings); i++)
+			if (pg_strncasecmp(at, secret_settings[i], strlen(secret_settings[i])) == 0)
+				return true;
+	return false;
+}
+
+/*
+ * A line logged while a statement that names a secret setting runs: its
+ * statement may hold the value, and so may PostgreSQL's message about a
+ * value it refused.
+ */
+static void
+hide_secret_statement(ErrorData *edata)
+{
+	if (debug_query_string == NULL || !names_secret_setting(debug_query_string))
+		return;
+	edata->hide_stmt = true;
+	if (edata->message_id != NULL && edata->message != NULL &&
+		strcmp(edata->message_id, "invalid value for parameter \"%s\": \"%s\"") == 0 &&
+		names_secret_setting(edata->message))
+		edata->message = pstrdup("invalid value for a ratelimit setting that may hold a secret (its value is not logged)");
+}
+
 static void
 log_privacy_emit(ErrorData *edata)
 {
 	redact_setting_change(edata);
+	hide_secret_statement(edata);
 	if (previous_emit_log_hook)
 		previous_emit_log_hook(edata);
 }

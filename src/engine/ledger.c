@@ -12,8 +12,8 @@
  * connection pooler runs between clients) and at backend exit.
  *
  * Whatever is due at one moment goes to Redis as one pipeline: one round trip
- * per connection, bounded in total by one command_timeout (connect included),
- * however many entries there are. This runs inside commit and abort
+ * per connection, within connect_timeout and a command_timeout for each
+ * thousand entries, as a batch. This runs inside commit and abort
  * processing, where nothing may raise and interrupts are held: what could not
  * be given back is logged once, as a count and the policies' names (never a
  * subject), and is lost. A lost refund can only deny more later, never grant
@@ -70,14 +70,6 @@ typedef struct LedgerLoss
 	int			other_policies;
 	struct LedgerLoss *next;
 } LedgerLoss;
-
-/* Entries sent to Redis together. */
-typedef struct LedgerBatch
-{
-	RedisCall  *calls;
-	int			ncalls;
-	int64		deadline;
-} LedgerBatch;
 
 static List *entries = NIL;
 static MemoryContext ledger_context = NULL;
@@ -243,8 +235,11 @@ loss_reason(const RedisFailure *failure)
 		case REDIS_FAILURE_NONE:
 			return "Redis was not asked: it could not be reached shortly before";
 		case REDIS_FAILURE_TIMEOUT:
-			return ProcDiePending ? "the backend was terminated before Redis answered" :
-				"Redis did not answer within ratelimit.command_timeout";
+			if (ProcDiePending)
+				return "the backend was terminated before Redis answered";
+			if (QueryCancelPending)
+				return "the backend was cancelled (or its statement timed out) before Redis answered";
+			return "Redis did not answer within ratelimit.command_timeout";
 		case REDIS_FAILURE_PERMISSION:
 			return psprintf("Redis refused it (permission: %s)", failure->detail);
 		case REDIS_FAILURE_REPLY:
@@ -255,17 +250,10 @@ loss_reason(const RedisFailure *failure)
 	}
 }
 
-static bool
-ledger_send(LedgerBatch *batch, RedisFailure *failure)
-{
-	return redis_run_scripts(batch->calls, batch->ncalls, batch->deadline, failure);
-}
-
 /*
  * Gives back the entries of due (all removed from the ledger already):
- * locally where they can be, else all in one pipeline within one
- * command_timeout (at exit, the server's, if shorter: a session's own must not
- * hold up a shutdown). Logs what was not given back. Runs in a short-lived
+ * locally where they can be, else all in one pipeline. Logs what was not
+ * given back. Runs in a short-lived
  * context the caller deletes.
  */
 static void
@@ -295,17 +283,14 @@ ledger_settle(List *due, bool exiting)
 	}
 	if (n > 0)
 	{
+		/* At exit, the server's, if shorter: a session's own must not hold up a shutdown. */
 		int			timeout_ms = exiting ?
 			Min(deadline_command_timeout_ms, breaker_server_command_timeout_ms()) :
 			deadline_command_timeout_ms;
-		LedgerBatch batch = {
-			.calls = calls,
-			.ncalls = n,
-			.deadline = clock_monotonic_us() + (int64) timeout_ms * 1000,
-		};
 		RedisFailure failure;
 
-		(void) ledger_send(&batch, &failure);
+		/* Its deadline grows with the entries (deadline_for_calls_us). */
+		(void) redis_run_scripts(calls, n, timeout_ms, &failure);
 		for (int i = 0; i < n; i++)
 		{
 			/* Each call's own: kind NONE when its node's breaker skipped it. */

@@ -55,6 +55,15 @@ health_note(const Policy *policy, bool answered, const RedisFailure *failure)
 				 errdetail("Policy \"%s\" decides by its fail mode \"%s\" while Redis refuses.%s",
 						   policy->name, policy_fail_mode_name(policy->fail_mode), held_back_text),
 				 errhint("Give the Redis user the commands and keys the documentation lists.")));
+	else if (failure->kind == REDIS_FAILURE_AUTH)
+		ereport(LOG,
+				(errhidestmt(true),
+				 errhidecontext(true),
+				 errmsg("ratelimit: Redis refuses to serve without the right password (authentication: %s)",
+						failure->detail),
+				 errdetail("Policy \"%s\" decides by its fail mode \"%s\" until Redis answers.%s",
+						   policy->name, policy_fail_mode_name(policy->fail_mode), held_back_text),
+				 errhint("Write the password of the Redis user in the file ratelimit.redis_password_file names (or in ratelimit.redis_url), then reload.")));
 	else
 		ereport(LOG,
 				(errhidestmt(true),

@@ -3,12 +3,18 @@
  *	  Remembers that Redis is down, so that decisions stop waiting for it.
  *
  * After a failure that says Redis cannot serve anyone (connect refused or
- * timed out, a command timed out, TLS or Sentinel failing, a new connection
- * dropped at once, a node that is a replica, loading or without its master),
+ * timed out, a command timed out, TLS or Sentinel failing, a password missing
+ * or refused, a new connection dropped at once, a node that is a replica,
+ * loading or without its master),
  * decisions skip Redis for ratelimit.retry_interval and go straight to their
  * fail mode. Then one caller, and only one, probes Redis with a real decision;
- * its success closes the breaker for everyone. Failures that come from a Redis
- * that serves (another error reply, an old connection cut once) do not trip it.
+ * its success closes the breaker for everyone. The breaker is shared, so it
+ * moves only on evidence about Redis: failures that come from a Redis that
+ * serves (another error reply, an old connection cut once) do not trip it, nor
+ * do a backend's own (a cancel or terminate that ended its wait, a deadline
+ * shorter than the server's), nor the deadline of many calls sent together
+ * passing while Redis still answers (breaker_weigh): one session's large
+ * batch, rollback or commit.
  *
  * There is one breaker per node: for a Redis Cluster one per master, so that
  * a dead master sends only its own slots' decisions to their fail mode; any
@@ -34,6 +40,7 @@
 #include "base/clock.h"
 #include "redis/breaker.h"
 #include "redis/cluster.h"
+#include "redis/connection.h"
 #include "redis/deadline.h"
 #include "redis/url.h"
 
@@ -227,6 +234,7 @@ failure_trips(const RedisFailure *failure)
 		case REDIS_FAILURE_CONFIG:
 		case REDIS_FAILURE_TLS:
 		case REDIS_FAILURE_SENTINEL:
+		case REDIS_FAILURE_AUTH:
 			return true;
 		case REDIS_FAILURE_IO:
 			/* A connection dropped as soon as it was made: Redis drops them all. */
@@ -407,6 +415,41 @@ breaker_begin(BreakerState *state, bool *probing)
 	return allowed != BREAKER_SKIP;
 }
 
+/* Takes PING's reply (breaker_weigh). */
+static void
+ping_reply(int index, const RespValue *reply, void *arg)
+{
+	*(bool *) arg = reply->type == RESP_STATUS;
+}
+
+/*
+ * Weighs a timeout of node's calls before it goes to the breaker. Calls sent
+ * together fail when Redis sends nothing for a command_timeout, which is
+ * evidence about Redis, or when their deadline, which grows with them,
+ * passes while Redis still answers (failure->answering): that may be the
+ * caller's own work (Redis runs them one after another) while Redis serves
+ * everyone else, and the breaker is shared. It is evidence only if the node
+ * does not answer a PING within the server's deadlines either; else it is
+ * marked as this backend's own (backend_only), which moves no shared state.
+ */
+void
+breaker_weigh(int node, RedisFailure *failure)
+{
+	const char *argv[1] = {"PING"};
+	bool		pong = false;
+	int64		deadline;
+
+	if (failure->kind != REDIS_FAILURE_TIMEOUT || !failure->answering || failure->backend_only)
+		return;
+	deadline = clock_monotonic_us() +
+		(int64) (deadline_server_connect_timeout_ms() + breaker_server_command_timeout_ms()) * 1000;
+	if (!connection_ask(node, 1, argv, deadline, ping_reply, &pong) || !pong)
+		return;
+	failure->backend_only = true;
+	strlcpy(failure->detail, "no answer in time to calls sent together (Redis answers others)",
+			sizeof(failure->detail));
+}
+
 /* Records the outcome of a call breaker_begin let through (kind NONE for success). */
 void
 breaker_end(BreakerState *state, const RedisFailure *failure)
@@ -424,7 +467,11 @@ breaker_abandon(BreakerState *state)
 	breaker_release_probe(state);
 }
 
-/* Milliseconds until the node of state will be tried again (at least 1): a closed fail mode's retry-after. */
+/*
+ * Milliseconds until the node of state will be tried again (at least 1): a
+ * closed fail mode's retry-after. A breaker open until a time already past
+ * is due for its probe now: the next decision makes it.
+ */
 int64
 breaker_retry_after_ms(BreakerState *state)
 {
@@ -433,6 +480,8 @@ breaker_retry_after_ms(BreakerState *state)
 
 	if (until > now)
 		return Max((until - now + 999) / 1000, 1);
+	if (until != 0)
+		return 1;
 	return Max(breaker_retry_interval_ms, 1);
 }
 

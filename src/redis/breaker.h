@@ -33,6 +33,7 @@ extern Size breaker_shmem_size(void);
 extern void breaker_shmem_init(void);
 extern BreakerState *breaker_for(const char *node);
 extern bool breaker_begin(BreakerState *state, bool *probing);
+extern void breaker_weigh(int node, RedisFailure *failure);
 extern void breaker_end(BreakerState *state, const RedisFailure *failure);
 extern void breaker_abandon(BreakerState *state);
 extern int64 breaker_retry_after_ms(BreakerState *state);

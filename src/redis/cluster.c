@@ -296,6 +296,14 @@ malformed:
 		mode_known = true;
 }
 
+/* True for the text of an error reply that redirects: "MOVED ..." or "ASK ...". */
+bool
+cluster_is_redirect(const char *text, int length)
+{
+	return (length > 6 && memcmp(text, "MOVED ", 6) == 0) ||
+		(length > 4 && memcmp(text, "ASK ", 4) == 0);
+}
+
 /*
  * Reads an error reply from from_node that redirects a call, "MOVED <slot>
  * <host>:<port>" or "ASK <slot> <host>:<port>": true with the node to send it to, after MOVED

@@ -25,6 +25,7 @@ extern void cluster_map_doubt(void);
 extern void cluster_map_asked(void);
 extern void cluster_map_unreadable(void);
 extern void cluster_learn_map(const RespValue *reply, int from_node);
+extern bool cluster_is_redirect(const char *text, int length);
 extern bool cluster_redirect(const char *text, int length, int from_node, bool *ask, int *node);
 extern bool cluster_node_address(int node, const char **host, int *port);
 extern const char *cluster_node_name(int node);

@@ -100,17 +100,39 @@ redis_disconnect(RedisConnection *connection)
  * failover the name may point elsewhere.
  */
 bool
-connection_exchange(int node, int nreplies, int64 deadline, ExchangeReplyHandler handler,
+connection_exchange(int node, int nreplies, int64 deadline, int64 idle_us, ExchangeReplyHandler handler,
 					void *arg, RedisFailure *failure)
 {
 	RedisConnection *connection = connection_of(node);
 
 	Assert(stream_is_open(&connection->stream) && connection->busy);
-	if (exchange_run(&connection->stream, nreplies, deadline, handler, arg, failure))
+	if (exchange_run(&connection->stream, nreplies, deadline, idle_us, handler, arg, failure))
 		return true;
 	redis_disconnect(connection);
 	socket_forget_address();
 	return false;
+}
+
+/*
+ * Sends one command to node on its connection (opened first if need be) and
+ * hands its reply to handler, all within deadline: a question on the side of
+ * the calls (the slot map, a PING). False when no reply came.
+ */
+bool
+connection_ask(int node, int argc, const char *const *argv, int64 deadline,
+			   ExchangeReplyHandler handler, void *arg)
+{
+	RedisFailure failure = {0};
+	bool		opened;
+
+	if (!connection_open(node, deadline, &opened, &failure))
+		return false;
+	connection_begin(node);
+	resp_append_command(connection_output(), argc, argv);
+	if (!connection_exchange(node, 1, deadline, 0, handler, arg, &failure))
+		return false;
+	connection_done(node);
+	return true;
 }
 
 /* What the handshake found: the first error reply, and whether ROLE said master. */
@@ -190,7 +212,7 @@ redis_handshake(int node, const RedisUrl *url, const char *password, int64 deadl
 	}
 	if (commands == 0)
 		return true;
-	if (!connection_exchange(node, commands, deadline, handshake_reply, &result, failure))
+	if (!connection_exchange(node, commands, deadline, 0, handshake_reply, &result, failure))
 	{
 		failure->maybe_ran = false;
 		return false;

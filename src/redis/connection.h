@@ -13,8 +13,10 @@ extern void connection_init(void);
 extern bool connection_open(int node, int64 deadline, bool *opened, RedisFailure *failure);
 extern StringInfo connection_output(void);
 extern void connection_begin(int node);
-extern bool connection_exchange(int node, int nreplies, int64 deadline,
+extern bool connection_exchange(int node, int nreplies, int64 deadline, int64 idle_us,
 								ExchangeReplyHandler handler, void *arg, RedisFailure *failure);
+extern bool connection_ask(int node, int argc, const char *const *argv, int64 deadline,
+						   ExchangeReplyHandler handler, void *arg);
 extern void connection_done(int node);
 extern void connection_discard(int node);
 extern void connection_close_stale(void);

@@ -107,3 +107,16 @@ deadline_server_command_timeout_ms(void)
 	return server != NULL ? (int) pg_atomic_read_u32(&server->command_timeout_ms) :
 		deadline_command_timeout_ms;
 }
+
+/*
+ * How long ncalls script calls sent together may take to answer, in µs:
+ * command_timeout_ms for each thousand begun. Redis runs them one after
+ * another, so a deadline that did not grow with them would fail a large
+ * batch, a rollback's refunds or a commit's releases while Redis is healthy,
+ * and say nothing of Redis when it passed.
+ */
+int64
+deadline_for_calls_us(int ncalls, int command_timeout_ms)
+{
+	return (int64) command_timeout_ms * 1000 * (1 + (Max(ncalls, 1) - 1) / 1000);
+}

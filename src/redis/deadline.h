@@ -14,5 +14,6 @@ extern Size deadline_shmem_size(void);
 extern void deadline_shmem_init(void);
 extern int	deadline_server_connect_timeout_ms(void);
 extern int	deadline_server_command_timeout_ms(void);
+extern int64 deadline_for_calls_us(int ncalls, int command_timeout_ms);
 
 #endif							/* RL_DEADLINE_H */

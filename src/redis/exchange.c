@@ -15,6 +15,7 @@
 #include "storage/latch.h"
 #include "utils/memutils.h"
 
+#include "base/clock.h"
 #include "redis/exchange.h"
 #include "redis/stream.h"
 
@@ -28,6 +29,7 @@ static int	output_sent = 0;
 static StringInfoData input;	/* bytes received; from input_start on, not yet read */
 static int	input_start = 0;
 static MemoryContext exchange_context = NULL;
+static int64 bytes_received = 0;	/* ever, for exchange_run to see that Redis answers */
 
 /* Empties the buffers, and gives back the memory of any that a large pipeline grew. */
 void
@@ -97,6 +99,7 @@ receive_input(RedisStream *stream, RedisFailure *failure)
 	received = stream_receive(stream, input.data + input.len, EXCHANGE_READ_CHUNK);
 	if (received > 0)
 	{
+		bytes_received += received;
 		input.len += received;
 		input.data[input.len] = '\0';
 		return true;
@@ -108,17 +111,21 @@ receive_input(RedisStream *stream, RedisFailure *failure)
 }
 
 /*
- * Sends the pending output on stream and reads nreplies replies, handing each to handler
- * as it is complete; one deadline for it all. False when the exchange could
- * not be completed, failure saying why and whether the request went out; the
- * caller closes the stream then.
+ * Sends the pending output on stream and reads nreplies replies, handing each
+ * to handler as it is complete, before deadline; and, when idle_us is not 0,
+ * never more than idle_us without a byte from Redis: a large pipeline has a
+ * deadline that grows with it (deadline_for_calls_us), but a Redis that
+ * stops answering fails it as soon as it would fail one call. False when
+ * the exchange could not be completed, failure saying why and whether the
+ * request went out; the caller closes the stream then.
  */
 bool
-exchange_run(RedisStream *stream, int nreplies, int64 deadline, ExchangeReplyHandler handler,
-			 void *arg, RedisFailure *failure)
+exchange_run(RedisStream *stream, int nreplies, int64 deadline, int64 idle_us,
+			 ExchangeReplyHandler handler, void *arg, RedisFailure *failure)
 {
 	int			received = 0;
 	RespScanner scanner;
+	int64		progress_us = clock_monotonic_us();
 
 	Assert(stream_is_open(stream));
 	resp_scanner_start(&scanner);
@@ -163,15 +170,31 @@ exchange_run(RedisStream *stream, int nreplies, int64 deadline, ExchangeReplyHan
 		events = WL_SOCKET_READABLE;
 		if (output_sent < output.len)
 			events |= WL_SOCKET_WRITEABLE;
-		occurred = stream_wait(stream, events, deadline);
+		occurred = stream_wait(stream, events,
+							   idle_us > 0 ? Min(deadline, progress_us + idle_us) : deadline);
 		if (occurred == 0)
 		{
 			failure->maybe_ran = output_sent > 0;
-			return redis_fail(failure, REDIS_FAILURE_TIMEOUT,
-							  ProcDiePending ? "backend terminating" : "no answer in time");
+			/* This backend stopped waiting: that says nothing of Redis. */
+			if (socket_wait_abandoned())
+			{
+				failure->backend_only = true;
+				return redis_fail(failure, REDIS_FAILURE_TIMEOUT,
+								  ProcDiePending ? "backend terminating" : "cancelled");
+			}
+			/* The batch's deadline, not command_timeout without a byte from Redis. */
+			failure->answering = clock_monotonic_us() < progress_us + idle_us;
+			return redis_fail(failure, REDIS_FAILURE_TIMEOUT, "no answer in time");
 		}
-		if ((occurred & WL_SOCKET_READABLE) && !receive_input(stream, failure))
-			return false;
+		if (occurred & WL_SOCKET_READABLE)
+		{
+			int64		before = bytes_received;
+
+			if (!receive_input(stream, failure))
+				return false;
+			if (bytes_received != before)
+				progress_us = clock_monotonic_us();
+		}
 	}
 }
 

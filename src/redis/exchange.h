@@ -15,7 +15,7 @@
 typedef void (*ExchangeReplyHandler) (int index, const RespValue *reply, void *arg);
 
 extern StringInfo exchange_output(void);
-extern bool exchange_run(RedisStream *stream, int nreplies, int64 deadline,
+extern bool exchange_run(RedisStream *stream, int nreplies, int64 deadline, int64 idle_us,
 						 ExchangeReplyHandler handler, void *arg, RedisFailure *failure);
 extern void exchange_reset(void);
 

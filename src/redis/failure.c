@@ -68,6 +68,8 @@ static const struct
 	{"BUSY", REDIS_FAILURE_BUSY},
 	{"OOM", REDIS_FAILURE_OOM},
 	{"NOSCRIPT", REDIS_FAILURE_NOSCRIPT},
+	{"NOAUTH", REDIS_FAILURE_AUTH},
+	{"WRONGPASS", REDIS_FAILURE_AUTH},
 };
 
 /*
@@ -156,6 +158,8 @@ redis_failure_kind_name(RedisFailureKind kind)
 			return "tryagain";
 		case REDIS_FAILURE_REDIRECT:
 			return "redirect";
+		case REDIS_FAILURE_AUTH:
+			return "authentication";
 	}
 	return "unknown";
 }

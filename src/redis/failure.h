@@ -28,10 +28,12 @@ typedef enum RedisFailureKind
 	REDIS_FAILURE_OOM,			/* over maxmemory */
 	REDIS_FAILURE_NOSCRIPT,		/* the script is gone, even after it was sent again */
 	REDIS_FAILURE_TRYAGAIN,		/* a cluster slot half moved: its keys on two nodes */
-	REDIS_FAILURE_REDIRECT		/* redirected (MOVED, ASK) more often than a call may be */
+	REDIS_FAILURE_REDIRECT,		/* redirected (MOVED, ASK) more often than a call may be */
+	/* Redis wants a password we did not send (NOAUTH), or refused ours (WRONGPASS): */
+	REDIS_FAILURE_AUTH
 } RedisFailureKind;
 
-#define REDIS_FAILURE_KINDS (REDIS_FAILURE_REDIRECT + 1)
+#define REDIS_FAILURE_KINDS (REDIS_FAILURE_AUTH + 1)
 
 typedef struct RedisFailure
 {
@@ -47,6 +49,11 @@ typedef struct RedisFailure
 	bool		maybe_ran;
 	/* It came on a connection opened for this very request (Redis drops new ones). */
 	bool		new_connection;
+	/*
+	 * A timeout while Redis was still answering: the deadline of many calls
+	 * sent together passed, not a command_timeout without a byte from Redis.
+	 */
+	bool		answering;
 	/* The cluster node it came from, "host:port" ("" when not a cluster). */
 	char		node[64];
 } RedisFailure;

@@ -62,7 +62,7 @@ typedef struct Pipeline
 {
 	RedisCall  *calls;
 	int			ncalls;
-	int64		deadline;		/* the caller's, or 0 */
+	int			command_timeout_ms; /* for each thousand calls (deadline.c) */
 	int64		first_sent_us;	/* when the run's first byte went out; 0: not yet */
 	int			node;			/* of the exchange under way */
 	int		   *sent;			/* for each reply: a call's index, SENT_SLOT_MAP or SENT_ASKING */
@@ -92,14 +92,6 @@ call_redirected(RedisCall *call, const RespValue *reply, int from_node)
 	call->asking = ask;
 	/* Not yet done: it is sent again, to its new node. */
 	call->failure.maybe_ran = false;
-}
-
-/* True for an error reply that redirects: "MOVED ..." or "ASK ...". */
-static bool
-is_redirect(const RespValue *reply)
-{
-	return (reply->length > 6 && memcmp(reply->str, "MOVED ", 6) == 0) ||
-		(reply->length > 4 && memcmp(reply->str, "ASK ", 4) == 0);
 }
 
 /*
@@ -144,7 +136,7 @@ call_reply(int index, const RespValue *reply, void *arg)
 	call->done = true;
 	if (reply->type == RESP_ERROR)
 	{
-		if (is_redirect(reply))
+		if (cluster_is_redirect(reply->str, reply->length))
 		{
 			call_redirected(call, reply, pipeline->node);
 			call->done = call->failure.kind != REDIS_FAILURE_NONE;
@@ -298,7 +290,9 @@ redis_send_calls(Pipeline *pipeline, SendPass pass, int64 deadline, RedisFailure
 	pipeline->resend = 0;
 	if (count == 0)
 		return true;
-	if (!connection_exchange(pipeline->node, count, deadline, call_reply, pipeline, failure))
+	/* Each call answers within command_timeout of the one before (exchange.c). */
+	if (!connection_exchange(pipeline->node, count, deadline,
+							 (int64) pipeline->command_timeout_ms * 1000, call_reply, pipeline, failure))
 	{
 		if (pipeline->map_pending)
 			cluster_map_unreadable();
@@ -323,7 +317,7 @@ node_exchange(Pipeline *pipeline, RedisFailure *failure)
 
 	for (;;)
 	{
-		if (!connection_open(node, pipeline->deadline, &opened, failure))
+		if (!connection_open(node, 0, &opened, failure))
 		{
 			failure->new_connection = true;
 			return false;
@@ -331,14 +325,9 @@ node_exchange(Pipeline *pipeline, RedisFailure *failure)
 		reopened |= opened;
 		if (pipeline->first_sent_us == 0)
 			pipeline->first_sent_us = clock_monotonic_us();
-		/*
-		 * Without the caller's deadline: command_timeout from the run's first
-		 * byte, once per thousand calls (Redis runs a batch's scripts one
-		 * after another).
-		 */
-		request_deadline = pipeline->deadline != 0 ? pipeline->deadline :
-			pipeline->first_sent_us + (int64) deadline_command_timeout_ms * 1000 *
-			(1 + (pipeline->ncalls - 1) / 1000);
+		/* From the run's first byte: the calls of every node count. */
+		request_deadline = pipeline->first_sent_us +
+			deadline_for_calls_us(pipeline->ncalls, pipeline->command_timeout_ms);
 		/*
 		 * A redirect, or the next node of a batch, with the deadline spent
 		 * (connecting took it): nothing goes out, and this says nothing of the
@@ -409,28 +398,17 @@ map_reply(int index, const RespValue *reply, void *arg)
 static void
 map_elsewhere(const Pipeline *pipeline, int lost)
 {
+	const char *argv[2] = {"CLUSTER", "SLOTS"};
+
 	for (int node = 0; node < cluster_node_count(); node++)
 	{
-		const char *argv[2] = {"CLUSTER", "SLOTS"};
-		RedisFailure failure = {0};
-		bool		opened;
-		int64		deadline;
-
 		if (node == lost || cluster_node_slots(node) == 0 ||
 			breaker_is_open(breaker_for(cluster_node_name(node))))
 			continue;
-		deadline = pipeline->deadline != 0 ? pipeline->deadline :
-			clock_monotonic_us() + (int64) deadline_command_timeout_ms * 1000;
-		if (clock_monotonic_us() >= deadline)
-			return;				/* the caller's deadline is spent: no time to ask */
 		cluster_map_asked();
-		if (connection_open(node, deadline, &opened, &failure))
-		{
-			connection_begin(node);
-			resp_append_command(connection_output(), 2, argv);
-			if (connection_exchange(node, 1, deadline, map_reply, &node, &failure))
-				connection_done(node);
-		}
+		(void) connection_ask(node, 2, argv,
+							  clock_monotonic_us() + (int64) pipeline->command_timeout_ms * 1000,
+							  map_reply, &node);
 		return;
 	}
 }
@@ -476,6 +454,8 @@ node_run(Pipeline *pipeline, int node)
 		}
 		else
 			ok = node_exchange(pipeline, &failure);
+		if (!ok)
+			breaker_weigh(node, &failure);
 		/* A cluster node is named in the log and rl_health; the URL's one node needs no name. */
 		strlcpy(failure.node, cluster_enabled() ? name : "", sizeof(failure.node));
 		breaker_end(breaker, node_outcome(pipeline, &failure));
@@ -527,15 +507,19 @@ node_run(Pipeline *pipeline, int node)
 			connection_discard(node);
 			cluster_map_doubt();
 		}
+		/* A password wanted or refused: the next connection authenticates with the one set then. */
+		if (ok && call->failure.kind == REDIS_FAILURE_AUTH)
+			connection_discard(node);
 	}
 	pfree(in_run);
 }
 
 /*
  * Runs calls, one pipeline (one write, one round trip) per node, and stores
- * each one's answer in it, with its round trip. deadline (clock_monotonic_us
- * time) bounds it all, connect included; 0 means the usual deadlines
- * (connect_timeout to connect, then command_timeout from the first byte sent).
+ * each one's answer in it, with its round trip. Each node is given
+ * connect_timeout to connect, and the calls command_timeout_ms (0: this
+ * session's command_timeout) for each thousand of them, from the first byte
+ * sent (deadline_for_calls_us).
  * Returns true when every call was answered; else false, with the failure of
  * the first that was not (kind NONE: its node's breaker is open, Redis was not
  * asked): each call has its own, and failure->maybe_ran says whether it may
@@ -543,9 +527,13 @@ node_run(Pipeline *pipeline, int node)
  * while waiting.
  */
 bool
-redis_run_scripts(RedisCall *calls, int ncalls, int64 deadline, RedisFailure *failure)
+redis_run_scripts(RedisCall *calls, int ncalls, int command_timeout_ms, RedisFailure *failure)
 {
-	Pipeline	pipeline = {.calls = calls,.ncalls = ncalls,.deadline = deadline};
+	Pipeline	pipeline = {
+		.calls = calls,
+		.ncalls = ncalls,
+		.command_timeout_ms = command_timeout_ms > 0 ? command_timeout_ms : deadline_command_timeout_ms,
+	};
 
 	Assert(ncalls > 0);
 	memset(failure, 0, sizeof(*failure));

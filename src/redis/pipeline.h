@@ -37,7 +37,7 @@ typedef struct RedisCall
 	int64		first_sent_us;
 } RedisCall;
 
-extern bool redis_run_scripts(RedisCall *calls, int ncalls, int64 deadline,
+extern bool redis_run_scripts(RedisCall *calls, int ncalls, int command_timeout_ms,
 							  RedisFailure *failure);
 
 #endif							/* RL_PIPELINE_H */

@@ -165,7 +165,7 @@ ask_sentinel(const RedisUrl *url, int i, const char *password, int64 deadline,
 	sentinel_busy = true;
 	out = exchange_output();
 	resp_append_command(out, 3, argv);
-	asked = exchange_run(&sentinel_stream, answer->replies + 1, deadline, found_master, answer,
+	asked = exchange_run(&sentinel_stream, answer->replies + 1, deadline, 0, found_master, answer,
 						 failure);
 	if (!asked || answer->refused)
 	{

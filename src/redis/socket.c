@@ -155,6 +155,21 @@ wait_event_of_redis(void)
 }
 
 /*
+ * True when a wait must end at once although no interrupt can be served:
+ * where interrupts are held (giving back at the end of a transaction), a
+ * terminate or a cancel (statement_timeout too) stops the wait, so that the
+ * backend is not held up by a Redis that is silent; the terminate is served
+ * as soon as interrupts are resumed. (At exit it is being served: what is
+ * given back then has its deadline.)
+ */
+bool
+socket_wait_abandoned(void)
+{
+	return (ProcDiePending || QueryCancelPending) && InterruptHoldoffCount > 0 &&
+		!proc_exit_inprogress;
+}
+
+/*
  * Waits until the socket is ready for one of events (WL_SOCKET_READABLE,
  * WL_SOCKET_WRITEABLE) or the deadline (clock_monotonic_us time) passes. Returns
  * the events that occurred, 0 on timeout. Interrupts are served while waiting,
@@ -170,14 +185,7 @@ socket_wait(RedisSocket *rs, uint32 events, int64 deadline)
 		int64		now = clock_monotonic_us();
 		long		remaining_ms;
 
-		/*
-		 * Where interrupts are held (giving back at the end of a transaction),
-		 * a terminate cannot be served here: stop waiting, so that it is
-		 * served as soon as they are resumed. (At exit it is being served:
-		 * what is given back then has its deadline.)
-		 */
-		if (now >= deadline ||
-			(ProcDiePending && InterruptHoldoffCount > 0 && !proc_exit_inprogress))
+		if (now >= deadline || socket_wait_abandoned())
 			return 0;
 		remaining_ms = (long) ((deadline - now + 999) / 1000);
 		if (WaitEventSetWait(rs->wait_set, remaining_ms, &event, 1,

@@ -61,7 +61,7 @@ sub logged_failure
 	{
 		next
 		  unless $lines[$i] =~
-		  /\[$pid\].*\bLOG:\s+ratelimit: Redis cannot answer \((.*)\)$/;
+		  /\[$pid\].*\bLOG:\s+ratelimit: Redis (?:cannot answer|refuses to serve without the right password) \((.*)\)$/;
 		my $class = $1;
 		return 1
 		  if $class =~ $class_re
@@ -203,15 +203,15 @@ $s->quit;
 my $password = 'pw-err-5Tq';
 my $auth = redis_start(name => 'errors_auth', password => $password);
 
-# A wrong password: AUTH fails while connecting, which counts as a connect
-# failure: the session's breaker opens.
+# A wrong password: AUTH fails while connecting (class authentication, since 0.9.0):
+# the session's breaker opens.
 ($s, $offset) = error_case('WRONGPASS',
 	'SET ratelimit.redis_url = ' . quote_literal($auth->url(userinfo => 'default:wrong-pw-8')));
-ok(logged_failure($offset, $s->pid, qr/^connect: WRONGPASS$/, 'e_open'),
+ok(logged_failure($offset, $s->pid, qr/^authentication: WRONGPASS$/, 'e_open'),
 	'wrong password: the log names the policy and WRONGPASS');
 $h = health($s);
 is_deeply([ @$h{qw(breaker redis_reachable shared last_error)} ],
-	[ 'open', 'f', 'f', 'connect: WRONGPASS' ],
+	[ 'open', 'f', 'f', 'authentication: WRONGPASS' ],
 	'wrong password: the session\'s own breaker is open')
   or diag explain $h;
 $s->query_ok('SET ratelimit.redis_url = ' . quote_literal($auth->url(userinfo => "default:$password")));
@@ -219,13 +219,18 @@ is($s->consume('e_closed', $subject)->{source}, 'redis',
 	'the right password: Redis decides at once (a new URL, a new breaker)');
 $s->quit;
 
-# No password where one is required: Redis answers NOAUTH to the script.
+# No password where one is required: Redis answers NOAUTH to the script. Every call
+# would: the Redis is unhealthy for this server, and the log says what fixes it.
 ($s, $offset) = error_case('NOAUTH',
 	'SET ratelimit.redis_url = ' . quote_literal($auth->url));
-ok(logged_failure($offset, $s->pid, qr/^error reply: NOAUTH$/, 'e_open'),
+ok(logged_failure($offset, $s->pid, qr/^authentication: NOAUTH$/, 'e_open'),
 	'no password: the log names the policy and NOAUTH');
+like(log_since($node, $offset), qr/HINT:  Write the password of the Redis user in the file ratelimit\.redis_password_file names/,
+	'no password: the log line says ratelimit.redis_password_file is the fix');
 $h = health($s);
-note "NOAUTH: breaker $h->{breaker}, reachable $h->{redis_reachable}, last error $h->{last_error}";
+is_deeply([ @$h{qw(breaker redis_reachable last_error)} ], [ 'open', 'f', 'authentication: NOAUTH' ],
+	'no password: rl_health() says Redis is not reachable, the breaker open')
+  or diag explain $h;
 $s->quit;
 $auth->stop;
 

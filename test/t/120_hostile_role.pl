@@ -147,7 +147,9 @@ my ($settings) = $plain->query(
 unlike($settings // '', qr/\Q$password\E/, 'pg_settings shows no password to it');
 $plain->quit;
 
-# Where other roles could read it, a secret is refused with 42501 and never stored.
+# Where other roles could read it, a secret is refused with 42501 and never stored,
+# and the server log shows neither the statement nor the value.
+my $refused_offset = log_offset($node);
 my %refused = (
 	'ALTER ROLE ... SET ratelimit.redis_url' =>
 	  qq{ALTER ROLE app SET ratelimit.redis_url = 'redis://:other-pw\@127.0.0.1:1'},
@@ -167,6 +169,14 @@ foreach my $route (sort keys %refused)
 	like($err, qr/must not hold a secret where other roles can read it/, "$route: saying why");
 	unlike($err, qr/other-pw/, "$route: the error does not echo the secret");
 }
+# A value PostgreSQL itself refuses (an integer setting given text, named in any case).
+my (undef, $typo_err) = $admin->query(q{SET RateLimit.Redis_URL = 'redis://:other-pw@127.0.0.1:1/notanumber'});
+like($typo_err, qr/ratelimit.redis_url/i, 'a URL PostgreSQL refuses: an error');
+ok(wait_for_log($node, qr/must not hold a secret/, $refused_offset), 'the refusals are logged');
+my $refused_log = log_since($node, $refused_offset);
+unlike($refused_log, qr/other-pw/, 'the server log holds neither the refused statements nor their values')
+  or diag $refused_log;
+like($refused_log, qr/must not hold a secret where other roles can read it/, 'but it says what was refused');
 is($admin->query_ok(q{SELECT count(*) FROM pg_db_role_setting WHERE array_to_string(setconfig, ',') LIKE '%other-pw%'}),
 	'0', 'nothing of it reached pg_db_role_setting');
 is($admin->query_ok(q{SELECT count(*) FROM pg_proc WHERE array_to_string(proconfig, ',') LIKE '%other-pw%'}),
