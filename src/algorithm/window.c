@@ -134,7 +134,10 @@ calendar_nominal_ms(WindowCalendar calendar)
  * The calendar window around at_ms: date_trunc(unit, at, zone), as PostgreSQL
  * computes it, and its end: a second, minute or hour later in absolute time (a
  * local hour repeated when the clocks go back is two windows, not one of two
- * hours), the next local day, week, month or year boundary otherwise. Should
+ * hours), the next local day, week, month or year boundary otherwise: the
+ * local start plus one unit, truncated to the unit, for a day that began at
+ * 01:00 because its midnight was skipped (Santiago, Beirut, Havana) still
+ * ends at the next midnight, not at 01:00. Should
  * a zone's rules leave at_ms outside what that gives, the window is the
  * unit's nominal length aligned to the epoch: the same for every backend.
  */
@@ -155,8 +158,9 @@ calendar_window(WindowCalendar calendar, const char *time_zone, int64 at_ms,
 	else
 	{
 		Datum		local = DirectFunctionCall2(timestamptz_zone, zone, start);
-		Datum		next = DirectFunctionCall2(timestamp_pl_interval, local,
-											   IntervalPGetDatum(&one));
+		Datum		next = DirectFunctionCall2(timestamp_trunc, CStringGetTextDatum(unit),
+											   DirectFunctionCall2(timestamp_pl_interval, local,
+																   IntervalPGetDatum(&one)));
 
 		window->end_ms = timestamp_ms(DatumGetTimestampTz(DirectFunctionCall2(timestamp_zone,
 																			  zone, next)));

@@ -99,6 +99,26 @@ SET ratelimit.test_clock_ms = '1774738800000';
 SELECT reset_after_ms / 3600000.0 AS hours FROM rl_consume('alg.day', 'dst1');
 SET ratelimit.test_clock_ms = '1792879200000';
 SELECT reset_after_ms / 3600000.0 AS hours FROM rl_consume('alg.day', 'dst2');
+-- Days whose midnight is skipped (the clocks jump from 00:00 to 01:00) begin at 01:00 and
+-- end at the next midnight: 23 hours, so at noon 12 hours are left, for the reset and the
+-- retry-after alike (Santiago 2026-09-06, Beirut 2026-03-29, Havana 2026-03-08).
+INSERT INTO rl_policy (name, algorithm, capacity, refill_period, time_zone) VALUES
+    ('alg.santiago', 'fixed_window', 1, '1 day', 'America/Santiago'),
+    ('alg.beirut', 'fixed_window', 1, '1 day', 'Asia/Beirut'),
+    ('alg.havana', 'fixed_window', 1, '1 day', 'America/Havana');
+SELECT (extract(epoch FROM '2026-09-06 12:00 America/Santiago'::timestamptz) * 1000)::bigint AS noon \gset
+SET ratelimit.test_clock_ms = :'noon';
+SELECT allowed, reset_after_ms / 3600000.0 AS reset_hours FROM rl_consume('alg.santiago', 'skip');
+SELECT allowed, retry_after_ms / 3600000.0 AS retry_hours FROM rl_consume('alg.santiago', 'skip');
+SELECT (extract(epoch FROM '2026-03-29 12:00 Asia/Beirut'::timestamptz) * 1000)::bigint AS noon \gset
+SET ratelimit.test_clock_ms = :'noon';
+SELECT allowed, reset_after_ms / 3600000.0 AS reset_hours FROM rl_consume('alg.beirut', 'skip');
+SELECT allowed, retry_after_ms / 3600000.0 AS retry_hours FROM rl_consume('alg.beirut', 'skip');
+SELECT (extract(epoch FROM '2026-03-08 12:00 America/Havana'::timestamptz) * 1000)::bigint AS noon \gset
+SET ratelimit.test_clock_ms = :'noon';
+SELECT allowed, reset_after_ms / 3600000.0 AS reset_hours FROM rl_consume('alg.havana', 'skip');
+SELECT allowed, retry_after_ms / 3600000.0 AS retry_hours FROM rl_consume('alg.havana', 'skip');
+DELETE FROM rl_policy WHERE name IN ('alg.santiago', 'alg.beirut', 'alg.havana');
 -- The hour repeated when Berlin's clocks go back (2026-10-25, 02:00-03:00 twice: 00:00 and
 -- 01:00 UTC) is two hour windows of one hour each, and its minutes last a minute.
 INSERT INTO rl_policy (name, algorithm, capacity, refill_period, time_zone) VALUES
