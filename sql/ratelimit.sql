@@ -116,12 +116,13 @@ REVOKE ALL ON SEQUENCE @extschema@.rl_policy_version_seq FROM PUBLIC;
 -- Versions start again at 1 when the extension is dropped and created again, so every
 -- key also names the installation: a random id chosen now, kept by pg_dump (a restored
 -- database reads the same buckets). The sequence is only a dumpable place for one number:
--- nothing calls nextval on it.
+-- nothing calls nextval on it. Its is_called is false until the first policy is made
+-- here: until then a restore may still bring the keys of its dump (_rl_inserted_version).
 CREATE SEQUENCE @extschema@.rl_installation_seq AS bigint MINVALUE 0 START 0;
 SELECT pg_catalog.setval('@extschema@.rl_installation_seq',
        GREATEST(1, ('x' OPERATOR(pg_catalog.||)
                     pg_catalog.substr(pg_catalog.md5(pg_catalog.gen_random_uuid()::text), 1, 12))::bit(48)::bigint),
-       true);
+       false);
 REVOKE ALL ON SEQUENCE @extschema@.rl_installation_seq FROM PUBLIC;
 COMMENT ON SEQUENCE @extschema@.rl_installation_seq IS
     'the id of this installation of the extension, part of every Redis key; never advanced';
@@ -343,7 +344,20 @@ BEGIN
        OR EXISTS (SELECT FROM @extschema@.rl_policy p
                   WHERE p.name = _rl_inserted_version.name AND p.version = supplied
                     AND object <> 'policy') THEN
+        -- A policy made here: from now on the installation's id is its own.
+        IF object = 'policy' AND NOT (SELECT is_called FROM @extschema@.rl_installation_seq) THEN
+            PERFORM setval('@extschema@.rl_installation_seq',
+                           (SELECT last_value FROM @extschema@.rl_installation_seq), true);
+        END IF;
         RETURN nextval('@extschema@.rl_policy_version_seq');
+    END IF;
+    -- The first policy a restore brings into a new installation: its buckets are those of
+    -- the dump's keys. A dump made since 0.4.0 sets the dumped id after the rows (pg_restore
+    -- sets sequences last); a dump of 0.3.0 has none, and its keys had none: id 0, the id an
+    -- installation upgraded from 0.3.0 keeps, so that a restore never starts buckets full.
+    IF object = 'policy' AND NOT (SELECT is_called FROM @extschema@.rl_installation_seq)
+       AND NOT EXISTS (SELECT FROM @extschema@.rl_policy) THEN
+        PERFORM setval('@extschema@.rl_installation_seq', 0, false);
     END IF;
     IF supplied > (SELECT CASE WHEN is_called THEN last_value ELSE 0 END
                    FROM @extschema@.rl_policy_version_seq) THEN

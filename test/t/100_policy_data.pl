@@ -232,6 +232,34 @@ decision_is(decide('src', 'd.api', 'tenant_a'),
 	'src: tenant_a\'s bucket has what both restored databases took');
 
 #
+# (a2) A dump of 0.3.0, which has no installation id (its keys have none), restored into
+# the current version: the restore keeps reading the keys its policies used, so a subject
+# at 70 of 100 is still at 70, not granted as if full. An installation made now keeps its
+# own id through a dump and restore as well (above).
+#
+$node->safe_psql('postgres', 'CREATE DATABASE old_030');
+$node->safe_psql('old_030', q{
+	CREATE EXTENSION ratelimit VERSION '0.3.0';
+	INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('o.api', 100, 1, '1 day');
+});
+decision_is(decide('old_030', 'o.api', 'tenant_o', 30), { remaining => 70 },
+	'0.3.0: tenant_o takes 30 of 100');
+$node->command_ok([ 'pg_dump', '-Fc', '-f', "$dump_dir/old_030.dump", '-d', 'old_030' ],
+	'pg_dump -Fc of the 0.3.0 database');
+$node->command_ok([ 'createdb', 'restored_030' ], 'createdb');
+ok($node->run_log([ 'pg_restore', '--exit-on-error', '-d', 'restored_030', "$dump_dir/old_030.dump" ]),
+	'pg_restore of the 0.3.0 dump into the current version exits 0');
+is($node->safe_psql('restored_030', q{SELECT extversion FROM pg_extension WHERE extname = 'ratelimit'}),
+	$node->safe_psql('postgres', q{SELECT default_version FROM pg_available_extensions WHERE name = 'ratelimit'}),
+	'the restore made the current version');
+decision_is(decide('restored_030', 'o.api', 'tenant_o'), { remaining => 69 },
+	'restored: tenant_o is still at 70 of 100 (the same key): 69 after one more');
+# A policy made there afterwards makes the id its own; the old policy keeps its bucket.
+$node->safe_psql('restored_030', q{SELECT rl_define('o.new', 5, per => '1 day')});
+decision_is(decide('restored_030', 'o.api', 'tenant_o'), { remaining => 68 },
+	'a new policy later changes nothing for the restored ones');
+
+#
 # (b) An override is used by another session's next decision once it commits.
 #
 $node->safe_psql('postgres',
