@@ -19,6 +19,7 @@
 #include "engine/ledger.h"
 #include "functions/enforce.h"
 #include "local/buckets.h"
+#include "local/keys.h"
 #include "local/deny_cache.h"
 #include "local/slices.h"
 #include "observe/observe.h"
@@ -75,6 +76,7 @@ ratelimit_shmem_request(void)
 		previous_shmem_request_hook();
 	size = add_size(size, deadline_shmem_size());
 	size = add_size(size, breaker_shmem_size());
+	size = add_size(size, local_keys_shmem_size());
 	size = add_size(size, local_shmem_size());
 	size = add_size(size, deny_cache_shmem_size());
 	size = add_size(size, slices_shmem_size());
@@ -96,6 +98,7 @@ ratelimit_shmem_startup(void)
 	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
 	deadline_shmem_init();
 	breaker_shmem_init();
+	local_keys_shmem_init();
 	local_shmem_init();
 	deny_cache_shmem_init();
 	slices_shmem_init();
@@ -120,6 +123,7 @@ _PG_init(void)
 	connection_init();
 	breaker_init();
 	/* local, policy */
+	local_keys_init(preloaded);
 	local_init(preloaded);
 	deny_cache_init(preloaded);
 	slices_init(preloaded);

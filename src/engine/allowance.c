@@ -16,7 +16,9 @@
  *
  * The decision and batch paths (decision.c, batch.c) try the slice first
  * (allowance_grant), then, after the deny cache, plan what to ask Redis
- * (allowance_plan), send a slice's take in place of the cost's
+ * (allowance_plan; a take alone may wait for another backend's fetch,
+ * allowance_wait, and then tries the slice and the deny cache again; a batch
+ * never fetches), send a slice's take in place of the cost's
  * (allowance_request) with the give-backs first in the same round trip, read
  * its reply (allowance_reply) and install the slice (allowance_after); an
  * error in between ends the fetch (allowance_abandon), and so does the
@@ -24,7 +26,6 @@
  */
 #include "prelude.h"
 
-#include "common/hashfn.h"
 
 #include "algorithm/window.h"
 #include "base/clock.h"
@@ -42,12 +43,15 @@ take_time(const DecisionRequest *request)
  * Before Redis is asked for a checked take: true when the subject's live
  * slice here grants it (grant filled: the slice after it). Fills plan for
  * allowance_plan either way (outcome SLICE_NONE when the take cannot use a
- * slice). request must outlive plan.
+ * slice); may_fetch says whether the take may fetch a new slice. request
+ * must outlive plan.
  */
 bool
-allowance_grant(const DecisionRequest *request, AllowancePlan *plan, SliceGrant *grant)
+allowance_grant(const DecisionRequest *request, bool may_fetch, AllowancePlan *plan,
+				SliceGrant *grant)
 {
 	const Policy *policy = &request->policy;
+	LocalKey	local_key;
 
 	memset(plan, 0, sizeof(*plan));
 	if (request->mode != BUCKET_TAKE || policy->allowance <= 0 || !policy->usable ||
@@ -56,14 +60,17 @@ allowance_grant(const DecisionRequest *request, AllowancePlan *plan, SliceGrant 
 		return false;
 	plan->request = request;
 	plan->at_ms = take_time(request);
-	plan->ask.key = request_local_key(request);
-	plan->ask.check = hash_bytes_extended((const unsigned char *) request->subject,
-										  request->length, plan->ask.key);
+	local_key = request_local_key(request);
+	plan->ask.key = local_key.hash;
+	plan->ask.check = local_key.check;
 	plan->ask.cost = request->cost;
 	plan->ask.allowance = policy->allowance;
 	plan->ask.ttl_ms = policy->allowance_ttl_ms;
 	plan->ask.params = &policy->bucket;
 	plan->ask.now_ms = plan->at_ms;
+	plan->ask.may_fetch = may_fetch;
+	/* A fetch is one call: others wait for it no longer than its deadline. */
+	plan->ask.fetch_ms = (int64) deadline_connect_timeout_ms + deadline_command_timeout_ms;
 	if (!slices_grant(&plan->ask, grant))
 		return false;
 	plan->outcome = SLICE_GRANTED;
@@ -71,33 +78,35 @@ allowance_grant(const DecisionRequest *request, AllowancePlan *plan, SliceGrant 
 }
 
 /*
- * After allowance_grant did not grant (and no denial remembered holds): true
- * when a slice that came meanwhile grants the take (grant filled); else plan
- * says what to ask Redis (a slice to fetch, or the cost alone), and backs
- * holds the slices to give back first in the same round trip. When another
- * backend fetches the subject's slice, a take that may_wait waits for it (at
- * most a command_timeout), else asks Redis for its cost alone (a batch: the
- * fetch may be its own).
+ * After allowance_grant did not grant (and no denial remembered holds):
+ * SLICE_GRANTED when a slice that came meanwhile grants the take (grant
+ * filled); SLICE_WAIT when another backend fetches the subject's slice
+ * (allowance_wait waits for it; else the take asks Redis for its cost
+ * alone); else plan says what to ask Redis (a slice to fetch, or the cost
+ * alone), and backs holds the slices to give back first in the same round
+ * trip.
  */
-bool
-allowance_plan(AllowancePlan *plan, bool may_wait, SliceGrant *grant, SliceGiveBack *backs,
-			   int *nbacks)
+SliceOutcome
+allowance_plan(AllowancePlan *plan, SliceGrant *grant, SliceGiveBack *backs, int *nbacks)
 {
+	SliceOutcome outcome;
+
 	*nbacks = 0;
 	if (plan->request == NULL)
-		return false;
-	plan->outcome = slices_take(&plan->ask, grant, &plan->ticket, &plan->want, backs, nbacks);
-	/* Another backend fetches a slice: its tokens are soon here (a Redis call saved). */
-	if (plan->outcome == SLICE_WAIT && may_wait)
-	{
-		slices_wait(plan->ask.key, plan->ticket, plan->ask.now_ms,
-					Max(deadline_command_timeout_ms, 1));
-		plan->at_ms = plan->ask.now_ms = take_time(plan->request);
-		plan->outcome = slices_take(&plan->ask, grant, &plan->ticket, &plan->want, backs, nbacks);
-	}
-	if (plan->outcome == SLICE_WAIT)
-		plan->outcome = SLICE_NONE;
-	return plan->outcome == SLICE_GRANTED;
+		return SLICE_NONE;
+	outcome = slices_take(&plan->ask, grant, &plan->ticket, &plan->want, backs, nbacks);
+	plan->outcome = outcome == SLICE_WAIT ? SLICE_NONE : outcome;
+	return outcome;
+}
+
+/*
+ * Waits for the fetch of the subject's slice that allowance_plan found under
+ * way (until it ends, at most its own deadline and a command_timeout).
+ */
+void
+allowance_wait(const AllowancePlan *plan)
+{
+	slices_wait(plan->ask.key, plan->ticket, plan->ask.now_ms, Max(deadline_command_timeout_ms, 1));
 }
 
 /*

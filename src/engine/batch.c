@@ -5,13 +5,15 @@
  *	  reply is read (redis/pipeline.c groups them by node, each node's in one
  *	  exchange), so a batch costs one round trip and a deadline, not one per
  *	  decision. Each decision is exactly what decision_run would have made:
- *	  fixed answers, a slice held here (a hot subject named again in the same
- *	  batch asks Redis for its cost alone while its first take fetches the
- *	  slice), a denial remembered, Redis, or its own policy's fail mode when
- *	  its node did not answer; then shadow mode.
+ *	  fixed answers, a slice held here, a denial remembered, Redis, or its
+ *	  own policy's fail mode when its node did not answer; then shadow mode.
+ *	  A batch never fetches a slice: the subject's fetch would be held for
+ *	  the batch's whole round trip, and every other backend taking from that
+ *	  subject would wait for it.
  */
 #include "prelude.h"
 
+#include "base/clock.h"
 #include "engine/batch.h"
 #include "engine/observer.h"
 
@@ -52,6 +54,7 @@ batch_decide(const DecisionRequest *requests, Decision *decisions, AllowancePlan
 	int			nlates = 0;
 	RedisCall  *calls;
 	RedisFailure failure = {0};
+	int64		asked_us;
 
 	for (int i = 0; i < count; i++)
 	{
@@ -82,6 +85,7 @@ batch_decide(const DecisionRequest *requests, Decision *decisions, AllowancePlan
 	 * While a node's breaker is open, its calls are not sent at all; the
 	 * deadline grows with the batch (redis/pipeline.c).
 	 */
+	asked_us = clock_monotonic_us();
 	if (nbacks + ncalls > 0)
 		(void) redis_run_scripts(calls, nbacks + ncalls, 0, &failure);
 	for (int n = 0; n < ncalls; n++)
@@ -98,7 +102,7 @@ batch_decide(const DecisionRequest *requests, Decision *decisions, AllowancePlan
 		if (allowance_after(plan, keys[n], answered, answered && decision->allowed,
 							&decision->remaining, decision->reset_after_ms, &lates[nlates]))
 			lates = room_for(lates, ++nlates, &late_room);
-		decision_remember_denial(request, decision);
+		decision_remember_denial(request, decision, asked_us);
 		if (!answered)
 			decision_by_fail_mode(request, call->retry_after_ms, decision);
 	}

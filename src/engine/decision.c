@@ -42,9 +42,9 @@ decision_local(const DecisionRequest *request, BucketMode mode, Decision *decisi
 	/* A window's refund goes to its take's window; a bucket refills until now. */
 	int64		now_ms = mode == BUCKET_REFUND && !limit_refills(params->algorithm) ?
 		request_at_ms(request) : clock_now_ms();
+	LocalKey	key = request_local_key(request);
 
-	local_apply(params, request_local_key(request), now_ms, Min(request->cost, params->capacity), mode,
-				&result);
+	local_apply(params, &key, now_ms, Min(request->cost, params->capacity), mode, &result);
 	decision->allowed = result.allowed;
 	decision->remaining = result.remaining;
 	decision->retry_after_ms = result.retry_after_ms;
@@ -218,12 +218,14 @@ decision_denied_before(const DecisionRequest *request, Decision *decision)
 	int64		now_ms;
 	int64		longer = 0;
 	bool		larger_ok;
+	LocalKey	key;
 
 	if (request->mode != BUCKET_TAKE || !deny_cache_usable(request))
 		return false;
 	now_ms = clock_now_ms();
 	larger_ok = longer_wait_ms(&request->policy.bucket, 1) >= 0;
-	if (!deny_cache_find(request_local_key(request), request->cost, larger_ok, now_ms, &entry))
+	key = request_local_key(request);
+	if (!deny_cache_find(&key, request->cost, larger_ok, now_ms, &entry))
 		return false;
 	if (request->cost > entry.cost)
 		longer = longer_wait_ms(&request->policy.bucket, request->cost - entry.cost);
@@ -236,28 +238,52 @@ decision_denied_before(const DecisionRequest *request, Decision *decision)
 }
 
 /*
- * After Redis decided request: a denial with a retry-after is remembered; a
- * refund (given back here) forgets what was remembered.
+ * After Redis gave request's amount back (a refund, a reservation rolled
+ * back): a denial remembered for its subject is forgotten, and one decided
+ * before it is not remembered after it (local/deny_cache.c).
  */
 void
-decision_remember_denial(const DecisionRequest *request, const Decision *decision)
+decision_refunded(const DecisionRequest *request)
 {
+	LocalKey	key;
+
 	if (!deny_cache_usable(request))
 		return;
+	key = request_local_key(request);
+	deny_cache_forget(&key);
+}
+
+/*
+ * After Redis decided request (a take sent at asked_us, clock_monotonic_us):
+ * a denial with a retry-after is remembered, for no longer than the policy
+ * could make anyone wait (a bucket's full refill, a window), whatever the
+ * reply said; a refund (given back here) forgets what was remembered.
+ */
+void
+decision_remember_denial(const DecisionRequest *request, const Decision *decision,
+						 int64 asked_us)
+{
+	LocalKey	key;
+
 	if (request->mode == BUCKET_REFUND)
-		deny_cache_forget(request_local_key(request));
-	else if (request->mode == BUCKET_TAKE && decision->source == DECISION_SOURCE_REDIS &&
+		decision_refunded(request);
+	if (!deny_cache_usable(request))
+		return;
+	key = request_local_key(request);
+	if (request->mode == BUCKET_TAKE && decision->source == DECISION_SOURCE_REDIS &&
 			 !decision->allowed && decision->retry_after_ms > 0)
 	{
+		const BucketParams *params = &request->policy.bucket;
+		int64		longest = limit_ops(params)->full_ms(params) + 1;
 		int64		now_ms = clock_now_ms();
 		DenyEntry	entry = {
 			.cost = request->cost,
 			.remaining = decision->remaining,
-			.until_ms = now_ms + decision->retry_after_ms,
-			.reset_until_ms = now_ms + decision->reset_after_ms,
+			.until_ms = now_ms + Min(decision->retry_after_ms, longest),
+			.reset_until_ms = now_ms + Min(decision->reset_after_ms, longest),
 		};
 
-		deny_cache_remember(request_local_key(request), &entry, now_ms);
+		deny_cache_remember(&key, &entry, now_ms, asked_us);
 	}
 }
 
@@ -287,24 +313,41 @@ decision_from_slice(const AllowancePlan *plan, const SliceGrant *grant, Decision
  * Decides a checked take here, without Redis, when it can: from the
  * subject's slice (tokens already taken from Redis: before a denial
  * remembered), or from a denial remembered; true then. Else plan says what
- * to ask Redis, with the slices to give back first in backs. may_wait: see
- * allowance_plan.
+ * to ask Redis, with the slices to give back first in backs. single: a take
+ * alone, which may fetch its subject's slice and wait for another backend's
+ * fetch of it; a batch does neither (it would hold the subject's fetch for
+ * its whole round trip, and cannot wait for itself).
  */
 bool
-decision_here(const DecisionRequest *request, bool may_wait, AllowancePlan *plan,
+decision_here(const DecisionRequest *request, bool single, AllowancePlan *plan,
 			  SliceGiveBack *backs, int *nbacks, Decision *decision)
 {
 	SliceGrant	grant;
+	SliceOutcome outcome;
 
 	*nbacks = 0;
-	if (allowance_grant(request, plan, &grant))
+	if (allowance_grant(request, single, plan, &grant))
 	{
 		decision_from_slice(plan, &grant, decision);
 		return true;
 	}
 	if (decision_denied_before(request, decision))
 		return true;
-	if (allowance_plan(plan, may_wait, &grant, backs, nbacks))
+	outcome = allowance_plan(plan, &grant, backs, nbacks);
+	if (outcome == SLICE_WAIT && single)
+	{
+		/* The fetch's tokens, or the denial it met, answer this take once it ends. */
+		allowance_wait(plan);
+		if (allowance_grant(request, single, plan, &grant))
+		{
+			decision_from_slice(plan, &grant, decision);
+			return true;
+		}
+		if (decision_denied_before(request, decision))
+			return true;
+		outcome = allowance_plan(plan, &grant, backs, nbacks);
+	}
+	if (outcome == SLICE_GRANTED)
 	{
 		decision_from_slice(plan, &grant, decision);
 		return true;
@@ -353,6 +396,7 @@ decide_by_redis(const DecisionRequest *request, AllowancePlan *plan, const Slice
 	RedisFailure outcome;
 	SliceGiveBack back;
 	bool		answered;
+	int64		asked_us;
 
 	for (int i = 0; i < nbacks; i++)
 		decision_give_back_call(&backs[i], &calls[i]);
@@ -360,6 +404,7 @@ decide_by_redis(const DecisionRequest *request, AllowancePlan *plan, const Slice
 	allowance_request(plan, &sent);
 	decision_redis_call(&sent, call);
 	/* While its node's breaker is open, Redis is not asked at all. */
+	asked_us = clock_monotonic_us();
 	(void) redis_run_scripts(calls, nbacks + 1, 0, &failure);
 	outcome = call->failure.kind != REDIS_FAILURE_NONE ? call->failure : failure;
 	answered = call->answered && allowance_reply(plan, call->results, &outcome) &&
@@ -368,7 +413,7 @@ decide_by_redis(const DecisionRequest *request, AllowancePlan *plan, const Slice
 	if (allowance_after(plan, sent.key, answered, answered && decision->allowed,
 						&decision->remaining, decision->reset_after_ms, &back))
 		decision_give_back(&back, 1);
-	decision_remember_denial(request, decision);
+	decision_remember_denial(request, decision, asked_us);
 	if (!answered)
 		decision_by_fail_mode(request, call->retry_after_ms, decision);
 }
@@ -420,6 +465,7 @@ decision_reset(const DecisionRequest *request)
 	RedisAsk	ask = {0};
 	RedisFailure failure;
 	bool		answered;
+	LocalKey	local_key;
 
 	ask.call.script = &reset_script;
 	ask.call.nkeys = limit_ops(params)->reset_keys(params, decision_key(request),
@@ -430,9 +476,10 @@ decision_reset(const DecisionRequest *request)
 	answered = ask_redis(&ask, &failure);
 	engine_observe_redis(&request->policy, answered, &failure, ask.call.round_trip_us);
 	/* A denial remembered for it is forgotten, whatever Redis said; so is a slice held here. */
+	local_key = request_local_key(request);
 	if (deny_cache_usable(request))
-		deny_cache_forget(request_local_key(request));
-	slices_forget(request_local_key(request));
+		deny_cache_forget(&local_key);
+	slices_forget(&local_key);
 	return answered;
 }
 

@@ -50,8 +50,10 @@ extern bool decision_from_reply(const long long *results, Decision *decision,
 								RedisFailure *failure);
 extern void decision_by_fail_mode(const DecisionRequest *request, int64 retry_after_ms,
 								  Decision *decision);
-extern void decision_remember_denial(const DecisionRequest *request, const Decision *decision);
-extern bool decision_here(const DecisionRequest *request, bool may_wait, AllowancePlan *plan,
+extern void decision_refunded(const DecisionRequest *request);
+extern void decision_remember_denial(const DecisionRequest *request, const Decision *decision,
+									 int64 asked_us);
+extern bool decision_here(const DecisionRequest *request, bool single, AllowancePlan *plan,
 						  SliceGiveBack *backs, int *nbacks, Decision *decision);
 extern void decision_give_back_call(const SliceGiveBack *back, RedisCall *call);
 extern void decision_give_back(const SliceGiveBack *backs, int nbacks);

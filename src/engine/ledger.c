@@ -298,6 +298,8 @@ ledger_settle(List *due, bool exiting)
 
 			engine_observe_settle(asked[i]->ops->policy_name(asked[i]), calls[i].answered, why,
 								  calls[i].round_trip_us);
+			if (calls[i].answered && asked[i]->ops->answered != NULL)
+				asked[i]->ops->answered(asked[i]);
 			if (!calls[i].answered)
 				loss_add(&found, asked[i], loss_reason(why), why->maybe_ran &&
 						 why->kind != REDIS_FAILURE_REPLY && why->kind != REDIS_FAILURE_PERMISSION);

@@ -24,6 +24,8 @@ typedef struct LedgerOps
 	bool		(*settle_locally) (LedgerEntry *entry);
 	/* Fills call, in the current (short-lived) memory context. */
 	void		(*prepare_call) (LedgerEntry *entry, RedisCall *call);
+	/* Redis answered entry's call (optional): what this server remembers follows. */
+	void		(*answered) (LedgerEntry *entry);
 	const char *(*policy_name) (const LedgerEntry *entry);
 	void		(*free) (LedgerEntry *entry);
 } LedgerOps;

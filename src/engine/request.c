@@ -100,9 +100,11 @@ request_at_ms(const DecisionRequest *request)
 
 /*
  * The key of request's subject in shared memory (local bucket, deny cache,
- * slice): database, policy, version and subject, hashed (never 0).
+ * slice): database, policy, version, installation and subject, hashed to
+ * place it, and hashed again under the server's secret key to verify it
+ * (local/keys.c).
  */
-uint64
+LocalKey
 request_local_key(const DecisionRequest *request)
 {
 	const Policy *policy = &request->policy;
@@ -110,8 +112,18 @@ request_local_key(const DecisionRequest *request)
 										   strlen(policy->name),
 										   (((uint64) MyDatabaseId << 32) | (uint32) policy->version) ^
 										   policy->installation);
-	uint64		key = hash_bytes_extended((const unsigned char *) request->subject,
-										  request->length, seed);
+	LocalKey	key;
+	SipHash		check;
 
-	return key != 0 ? key : 1;
+	key.hash = local_keys_place(hash_bytes_extended((const unsigned char *) request->subject,
+													request->length, seed));
+	local_keys_check_start(&check);
+	siphash_update(&check, &MyDatabaseId, sizeof(MyDatabaseId));
+	siphash_update(&check, &policy->version, sizeof(policy->version));
+	siphash_update(&check, &policy->installation, sizeof(policy->installation));
+	/* The name with its NUL: no name and subject run into another pair. */
+	siphash_update(&check, policy->name, strlen(policy->name) + 1);
+	siphash_update(&check, request->subject, request->length);
+	key.check = siphash_final(&check);
+	return key;
 }

@@ -6,6 +6,7 @@
 #ifndef RL_REQUEST_H
 #define RL_REQUEST_H
 
+#include "local/keys.h"
 #include "policy/policy.h"
 
 typedef struct DecisionRequest
@@ -25,6 +26,6 @@ extern const Policy *request_check(Oid function_oid, const char *name, const cha
 								   int length, DecisionRequest *request);
 extern void request_cost(DecisionRequest *request, BucketMode mode, int64 cost);
 extern int64 request_at_ms(const DecisionRequest *request);
-extern uint64 request_local_key(const DecisionRequest *request);
+extern LocalKey request_local_key(const DecisionRequest *request);
 
 #endif							/* RL_REQUEST_H */

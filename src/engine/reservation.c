@@ -52,6 +52,13 @@ reservation_prepare_call(LedgerEntry *entry, RedisCall *call)
 	decision_redis_call(&((Reservation *) entry)->request, call);
 }
 
+/* Refunded by Redis: a denial this server remembers for the subject is out of date. */
+static void
+reservation_given_back(LedgerEntry *entry)
+{
+	decision_refunded(&((Reservation *) entry)->request);
+}
+
 static const char *
 reservation_policy_name(const LedgerEntry *entry)
 {
@@ -77,6 +84,7 @@ static const LedgerOps reservation_ops = {
 	.prepare_hint = "Use rl_consume in transactions that will be prepared.",
 	.settle_locally = reservation_settle_locally,
 	.prepare_call = reservation_prepare_call,
+	.answered = reservation_given_back,
 	.policy_name = reservation_policy_name,
 	.free = reservation_free,
 };

@@ -10,8 +10,8 @@
  * bucket has refilled completely is reused: forgetting a full bucket loses
  * nothing, since a new bucket starts full. If none is full, the decision is a
  * denial, so a full table can never grant more than the policy allows.
- * Two subjects whose 64-bit hashes collide share a bucket, which can only deny
- * more, never grant more.
+ * A slot is a subject's only when its placing hash and its keyed check
+ * agree (local/keys.c): no subject can be made to share another's bucket.
  */
 #include "prelude.h"
 
@@ -27,10 +27,10 @@
 #define LOCAL_PROBES 8
 #define LOCAL_TRANCHE "ratelimit local buckets"
 
-/* One bucket; key 0 marks an empty slot. The parameters tell stale state from current. */
+/* One bucket; key hash 0 marks an empty slot. The parameters tell stale state from current. */
 typedef struct LocalSlot
 {
-	uint64		key;
+	LocalKey	key;
 	Algorithm	algorithm;
 	WindowCalendar calendar;
 	int64		capacity;
@@ -151,9 +151,9 @@ slot_set_params(LocalSlot *slot, const BucketParams *params)
 
 /* Puts a new bucket for key into slot (full, as a missing Redis key is). */
 static void
-slot_claim(LocalSlot *slot, uint64 key, const BucketParams *params, int64 now_ms)
+slot_claim(LocalSlot *slot, const LocalKey *key, const BucketParams *params, int64 now_ms)
 {
-	slot->key = key;
+	slot->key = *key;
 	slot_set_params(slot, params);
 	limit_ops(params)->state_new(params, &slot->state, now_ms);
 }
@@ -182,33 +182,33 @@ slot_convert(LocalSlot *slot, const BucketParams *params, int64 now_ms)
 }
 
 /*
- * Decides from the local bucket of key (a hash of database, policy, version
- * and subject; never 0), in mode (take, peek or refund). Cost must not exceed
- * params->capacity.
+ * Decides from the local bucket of key (database, policy, version and
+ * subject: local/keys.c), in mode (take, peek or refund). Cost must not
+ * exceed params->capacity.
  */
 void
-local_apply(const BucketParams *params, uint64 key, int64 now_ms, int64 cost,
+local_apply(const BucketParams *params, const LocalKey *key, int64 now_ms, int64 cost,
 			BucketMode mode, BucketResult *result)
 {
 	int			per_partition = table->slots_per_partition;
-	int			partition = key % LOCAL_PARTITIONS;
-	int			start = (key / LOCAL_PARTITIONS) % per_partition;
+	int			partition = key->hash % LOCAL_PARTITIONS;
+	int			start = (key->hash / LOCAL_PARTITIONS) % per_partition;
 	LocalSlot  *slots = &table->slots[partition * per_partition];
 	LocalSlot  *chosen = NULL;
 	LocalSlot  *empty = NULL;
 	LocalSlot  *reusable = NULL;
 	int64		soonest_full = PG_INT64_MAX;
 
-	Assert(key != 0 && cost >= 0 && cost <= params->capacity);
+	Assert(key->hash != 0 && cost >= 0 && cost <= params->capacity);
 	LWLockAcquire(&locks[partition].lock, LW_EXCLUSIVE);
 	for (int i = 0; i < LOCAL_PROBES && chosen == NULL; i++)
 	{
 		LocalSlot  *slot = &slots[(start + i) % per_partition];
 		BucketParams own;
 
-		if (slot->key == key)
+		if (slot->key.hash == key->hash && slot->key.check == key->check)
 			chosen = slot;
-		else if (slot->key == 0)
+		else if (slot->key.hash == 0)
 		{
 			if (empty == NULL)
 				empty = slot;

@@ -6,13 +6,14 @@
 #define RL_LOCAL_BUCKETS_H
 
 #include "algorithm/limit.h"
+#include "local/keys.h"
 
 extern void local_init(bool preloaded);
 extern Size local_shmem_size(void);
 extern void local_shmem_request(void);
 extern void local_shmem_init(void);
 extern bool local_available(void);
-extern void local_apply(const BucketParams *params, uint64 key, int64 now_ms,
+extern void local_apply(const BucketParams *params, const LocalKey *key, int64 now_ms,
 						int64 cost, BucketMode mode, BucketResult *result);
 extern void local_usage(int *in_use, int *slots);
 

@@ -5,13 +5,16 @@
  *	  until the cost could be granted again.
  *
  * A denial from Redis with a retry-after is entered under its key (a hash of
- * database, policy, version, installation and subject, as the local buckets'
- * keys) with the cost denied; until its retry-after has passed on this
+ * database, policy, version, installation and subject, verified by a keyed
+ * one: local/keys.c) with the cost denied; until its retry-after has passed on this
  * server's clock, the same cost is denied here, with the time still to wait,
  * and a larger one too where its longer wait can be told without Redis
  * (engine/decision.c). Only Redis's answers are remembered, so a cached denial can
  * only last too long (a refund or reset made by another server is not seen
- * here), never grant: refunds and resets made on this server forget the entry.
+ * here), never grant: refunds and resets made on this server forget the entry,
+ * and a denial Redis decided before such a forget is not entered after it (a
+ * partition remembers when it last forgot, and a denial asked before then is
+ * dropped), so that a refund made here is never hidden.
  * The table has a fixed number of slots (ratelimit.deny_cache_size), in
  * partitions with a lock each; a subject's slot is found by probing a few
  * places from its hash, and when all are taken, the one whose denial ends
@@ -24,6 +27,7 @@
 #include "storage/shmem.h"
 #include "utils/guc.h"
 
+#include "base/clock.h"
 #include "local/deny_cache.h"
 
 #define DENY_PARTITIONS 16
@@ -32,13 +36,15 @@
 
 typedef struct DenySlot
 {
-	uint64		key;			/* 0: empty */
+	LocalKey	key;			/* hash 0: empty */
 	DenyEntry	entry;
 } DenySlot;
 
 typedef struct DenyTable
 {
 	int			slots_per_partition;
+	/* When each partition last forgot a denial (clock_monotonic_us), under its lock. */
+	int64		forgot_us[DENY_PARTITIONS];
 	DenySlot	slots[FLEXIBLE_ARRAY_MEMBER];
 } DenyTable;
 
@@ -103,11 +109,18 @@ deny_cache_available(void)
 
 /* The partition of key and the first of its probes. */
 static DenySlot *
-partition_of(uint64 key, int *partition, int *start)
+partition_of(const LocalKey *key, int *partition, int *start)
 {
-	*partition = key % DENY_PARTITIONS;
-	*start = (key / DENY_PARTITIONS) % table->slots_per_partition;
+	*partition = key->hash % DENY_PARTITIONS;
+	*start = (key->hash / DENY_PARTITIONS) % table->slots_per_partition;
 	return &table->slots[*partition * table->slots_per_partition];
+}
+
+/* True when slot holds key: the placing hash and the keyed check agree. */
+static bool
+slot_holds(const DenySlot *slot, const LocalKey *key)
+{
+	return slot->key.hash == key->hash && slot->key.check == key->check;
 }
 
 /*
@@ -115,7 +128,7 @@ partition_of(uint64 key, int *partition, int *start)
  * for this cost: the same cost, or (larger) a larger one.
  */
 bool
-deny_cache_find(uint64 key, int64 cost, bool larger, int64 now_ms, DenyEntry *entry)
+deny_cache_find(const LocalKey *key, int64 cost, bool larger, int64 now_ms, DenyEntry *entry)
 {
 	int			partition;
 	int			start;
@@ -127,7 +140,7 @@ deny_cache_find(uint64 key, int64 cost, bool larger, int64 now_ms, DenyEntry *en
 	{
 		DenySlot   *slot = &slots[(start + i) % table->slots_per_partition];
 
-		if (slot->key == key && slot->entry.until_ms > now_ms &&
+		if (slot_holds(slot, key) && slot->entry.until_ms > now_ms &&
 			(cost == slot->entry.cost || (larger && cost > slot->entry.cost)))
 		{
 			*entry = slot->entry;
@@ -138,9 +151,13 @@ deny_cache_find(uint64 key, int64 cost, bool larger, int64 now_ms, DenyEntry *en
 	return found;
 }
 
-/* Remembers a denial of key from Redis until entry->until_ms. */
+/*
+ * Remembers a denial of key from Redis until entry->until_ms, unless a denial
+ * of the partition was forgotten since asked_us (clock_monotonic_us before the
+ * take was sent): a refund made here meanwhile may not be in it.
+ */
 void
-deny_cache_remember(uint64 key, const DenyEntry *entry, int64 now_ms)
+deny_cache_remember(const LocalKey *key, const DenyEntry *entry, int64 now_ms, int64 asked_us)
 {
 	int			partition;
 	int			start;
@@ -148,41 +165,47 @@ deny_cache_remember(uint64 key, const DenyEntry *entry, int64 now_ms)
 	DenySlot   *chosen = NULL;
 
 	LWLockAcquire(&locks[partition].lock, LW_EXCLUSIVE);
+	if (table->forgot_us[partition] >= asked_us)
+	{
+		LWLockRelease(&locks[partition].lock);
+		return;
+	}
 	for (int i = 0; i < DENY_PROBES; i++)
 	{
 		DenySlot   *slot = &slots[(start + i) % table->slots_per_partition];
 
-		if (slot->key == key || slot->key == 0 || slot->entry.until_ms <= now_ms)
+		if (slot_holds(slot, key) || slot->key.hash == 0 || slot->entry.until_ms <= now_ms)
 		{
 			chosen = slot;
-			if (slot->key == key)
+			if (slot_holds(slot, key))
 				break;
 		}
 		else if (chosen == NULL || slot->entry.until_ms < chosen->entry.until_ms)
 			chosen = slot;
 	}
 	/* The latest denial of the subject is the one kept (its cost, its wait). */
-	chosen->key = key;
+	chosen->key = *key;
 	chosen->entry = *entry;
 	LWLockRelease(&locks[partition].lock);
 }
 
-/* Forgets key's denial (a refund or reset made here). */
+/* Forgets key's denial (a refund or reset made here), and any in flight (see deny_cache_remember). */
 void
-deny_cache_forget(uint64 key)
+deny_cache_forget(const LocalKey *key)
 {
 	int			partition;
 	int			start;
 	DenySlot   *slots = partition_of(key, &partition, &start);
 
 	LWLockAcquire(&locks[partition].lock, LW_EXCLUSIVE);
+	table->forgot_us[partition] = clock_monotonic_us();
 	for (int i = 0; i < DENY_PROBES; i++)
 	{
 		DenySlot   *slot = &slots[(start + i) % table->slots_per_partition];
 
-		if (slot->key == key)
+		if (slot_holds(slot, key))
 		{
-			slot->key = 0;
+			slot->key.hash = 0;
 			slot->entry.until_ms = 0;
 		}
 	}

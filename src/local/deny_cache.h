@@ -6,6 +6,7 @@
 #define RL_DENY_CACHE_H
 
 #include "algorithm/limit.h"
+#include "local/keys.h"
 
 /* A denial remembered: what Redis answered, and until when it holds. */
 typedef struct DenyEntry
@@ -21,9 +22,10 @@ extern Size deny_cache_shmem_size(void);
 extern void deny_cache_shmem_request(void);
 extern void deny_cache_shmem_init(void);
 extern bool deny_cache_available(void);
-extern bool deny_cache_find(uint64 key, int64 cost, bool larger, int64 now_ms,
+extern bool deny_cache_find(const LocalKey *key, int64 cost, bool larger, int64 now_ms,
 							DenyEntry *entry);
-extern void deny_cache_remember(uint64 key, const DenyEntry *entry, int64 now_ms);
-extern void deny_cache_forget(uint64 key);
+extern void deny_cache_remember(const LocalKey *key, const DenyEntry *entry, int64 now_ms,
+								int64 asked_us);
+extern void deny_cache_forget(const LocalKey *key);
 
 #endif							/* RL_DENY_CACHE_H */

@@ -10,11 +10,11 @@
  * subject's next fetch, or any fetch of this database that sweeps the same
  * partition). At most one fetch of a new slice is under way per subject, so
  * that a server never holds more than one slice of it: meanwhile the other
- * backends wait for it (a condition variable per partition, for at most a
- * command_timeout) and take from the new slice, or ask Redis for their cost
- * alone (a batch, which cannot wait for itself). A fetch ends with its
+ * backends wait for it (a condition variable per partition, for at most the
+ * fetch's own deadline) and take from the new slice, or ask Redis for their
+ * cost alone (a batch, which never fetches nor waits). A fetch ends with its
  * install or abandon, on an error too, and at its backend's exit at the
- * latest; one lost some other way is ignored after SLICE_FETCH_STALE_MS.
+ * latest; one lost some other way is over at its deadline.
  *
  * A slot also counts the tokens granted here to its subject in the current
  * and the previous period of allowance_ttl: a subject is hot once it was
@@ -23,9 +23,9 @@
  * asks of this server and a subject asked once in a while parks nothing.
  *
  * A slot's key is the local buckets' hash of database, policy, version,
- * installation and subject; a second hash of the subject tells two subjects
- * whose keys collide apart (the second gets no slice), so a slice is never
- * granted to a subject it was not taken for.
+ * installation and subject; its keyed check (local/keys.c) tells two
+ * subjects whose keys collide apart (the second gets no slice), so a slice
+ * is never granted to a subject it was not taken for.
  *
  * The table has ratelimit.allowance_size slots in partitions with a lock
  * each; a subject's slot is one of a few probed from its hash, and when all
@@ -50,7 +50,7 @@
 
 #define SLICE_PARTITIONS 16
 #define SLICE_PROBES 4
-/* A fetch older than this was lost (its backend ended without a reply). */
+/* The longest a fetch is waited for, whatever its deadline (a lost one's backend ended without a reply). */
 #define SLICE_FETCH_STALE_MS 10000
 /* Slots a fetch looks at for expired slices to give back. */
 #define SLICE_SWEEP 32
@@ -59,12 +59,13 @@
 typedef struct SliceSlot
 {
 	uint64		key;			/* 0: empty */
-	uint64		check;			/* the subject's other hash (SliceAsk.check) */
+	uint64		check;			/* the subject's keyed check (SliceAsk.check) */
 	Oid			database;
 	uint32		ticket;			/* the fetch of a new slice under way (0: none) */
 	uint32		dropped;		/* a fetch whose slice rl_reset made void */
 	int			fetch_pid;		/* who fetches */
 	int64		fetch_ms;		/* since when */
+	int64		fetch_until_ms; /* when it has failed, if it has not ended (its deadline) */
 	/*
 	 * Tokens left in the slice (0: none) and granted here since period_ms:
 	 * takes from the slice change them under the shared lock (a slice's hot
@@ -197,14 +198,15 @@ lock_slot(uint64 key, LWLockMode mode, int *partition)
 }
 
 /*
- * True when slot's fetch is under way (not one whose backend was lost).
- * Clocks read just before the lock may be a little behind fetch_ms: only a
- * fetch that began SLICE_FETCH_STALE_MS ago either way is not.
+ * True when slot's fetch is under way: begun, and its deadline not passed (a
+ * fetch whose backend was lost is over then). Clocks read just before the
+ * lock may be a little behind fetch_ms: a fetch that began
+ * SLICE_FETCH_STALE_MS ahead of now (a clock stepped back) is over too.
  */
 static bool
 fetching(const SliceSlot *slot, int64 now_ms)
 {
-	return slot->ticket != 0 && now_ms - slot->fetch_ms < SLICE_FETCH_STALE_MS &&
+	return slot->ticket != 0 && now_ms < slot->fetch_until_ms &&
 		slot->fetch_ms - now_ms < SLICE_FETCH_STALE_MS;
 }
 
@@ -417,7 +419,7 @@ slices_take(const SliceAsk *ask, SliceGrant *grant, uint32 *ticket, int64 *want,
 		rotate(slot, now_ms, ask->ttl_ms);
 		demand = demand_of(slot);
 		*want = Min(Min(ask->allowance, ask->params->capacity), demand + ask->cost);
-		if (demand > 0 && *want > ask->cost)
+		if (demand > 0 && *want > ask->cost && ask->may_fetch)
 		{
 			uint32		next;
 
@@ -429,6 +431,7 @@ slices_take(const SliceAsk *ask, SliceGrant *grant, uint32 *ticket, int64 *want,
 			slot->ticket = *ticket = next;
 			slot->fetch_pid = MyProcPid;
 			slot->fetch_ms = now_ms;
+			slot->fetch_until_ms = now_ms + Min(Max(ask->fetch_ms, 1), SLICE_FETCH_STALE_MS);
 			outcome = SLICE_FETCH;
 		}
 		else if (!live(slot, now_ms) || !same_origin(slot, ask))
@@ -512,9 +515,9 @@ slices_wait(uint64 key, uint32 ticket, int64 now_ms, int timeout_ms)
 		int64		left = timeout_ms - elapsed;
 
 		under_way = slot != NULL && slot->ticket == ticket;
-		/* A fetch lost without a trace is waited for until it is stale, no longer. */
+		/* A fetch is waited for until its own deadline, no longer (a lost one's too). */
 		if (under_way)
-			left = Min(left, slot->fetch_ms + SLICE_FETCH_STALE_MS - now_ms - elapsed);
+			left = Min(left, slot->fetch_until_ms - now_ms - elapsed);
 		LWLockRelease(&locks[partition].lock);
 		if (!under_way || left <= 0 ||
 			ConditionVariableTimedSleep(&table->fetched[partition], (long) left, PG_WAIT_EXTENSION))
@@ -544,15 +547,15 @@ slices_note(const SliceAsk *ask)
  * tokens would be granted twice).
  */
 void
-slices_forget(uint64 key)
+slices_forget(const LocalKey *key)
 {
 	int			partition;
 	SliceSlot  *slot;
 
 	if (!slices_available())
 		return;
-	slot = lock_slot(key, LW_EXCLUSIVE, &partition);
-	if (slot != NULL)
+	slot = lock_slot(key->hash, LW_EXCLUSIVE, &partition);
+	if (slot != NULL && slot->check == key->check)
 	{
 		pg_atomic_write_u64(&slot->left, 0);
 		if (slot->ticket != 0)

@@ -7,6 +7,7 @@
 #define RL_SLICES_H
 
 #include "algorithm/limit.h"
+#include "local/keys.h"
 
 /*
  * Longest Redis key a slice remembers: above the longest key there can be
@@ -30,14 +31,16 @@ typedef struct SliceGiveBack
 /* One take's question to the table. */
 typedef struct SliceAsk
 {
-	uint64		key;			/* the subject's hash (as the local buckets' key) */
-	uint64		check;			/* another hash of it: two subjects whose keys collide differ here */
+	uint64		key;			/* the subject's placing hash (LocalKey.hash) */
+	uint64		check;			/* its keyed check: two subjects whose hashes collide differ here */
 	int64		cost;
 	int64		allowance;		/* the most tokens one slice holds */
 	int64		ttl_ms;			/* how long a slice may be used */
 	const BucketParams *params;
 	const char *redis_key;		/* set for slices_install only */
 	int64		now_ms;			/* the take's time (a window's: the one it counts in) */
+	bool		may_fetch;		/* may fetch a new slice (a batch may not: see slices_take) */
+	int64		fetch_ms;		/* the longest such a fetch may take: others wait no longer */
 } SliceAsk;
 
 typedef enum SliceOutcome
@@ -80,6 +83,6 @@ extern SliceInstall slices_install(const SliceAsk *ask, uint32 ticket, int64 tak
 extern void slices_abandon(uint64 key, uint32 ticket);
 extern void slices_wait(uint64 key, uint32 ticket, int64 now_ms, int timeout_ms);
 extern void slices_note(const SliceAsk *ask);
-extern void slices_forget(uint64 key);
+extern void slices_forget(const LocalKey *key);
 
 #endif							/* RL_SLICES_H */

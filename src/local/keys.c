@@ -1,0 +1,78 @@
+/*
+ * keys.c
+ *	  How a subject is known in this server's shared-memory tables (the local
+ *	  buckets, the deny cache, the slices): a hash that places it, and a
+ *	  keyed hash of the same identity that every match verifies.
+ *
+ * The placing hash (engine/request.c) is fast and public: lookup3, seeded
+ * with the database, policy, version and installation, all of which appear
+ * in Redis keys. A role could craft a subject whose hash is another
+ * subject's, and share its local bucket, be denied by its remembered denial
+ * or take from its slice. So every slot also holds a SipHash of the same
+ * identity under a key drawn at server start and kept in shared memory,
+ * never shown; a slot is a subject's only when both agree.
+ */
+#include "prelude.h"
+
+#include "storage/shmem.h"
+#include "utils/guc.h"
+
+#include "local/keys.h"
+
+typedef struct KeysShared
+{
+	uint64		secret[2];
+} KeysShared;
+
+static KeysShared *shared = NULL;
+/* Tests only: the placing hash cut to this many bits, so that subjects collide (0: whole). */
+static int	test_key_bits = 0;
+
+/* Defines ratelimit.test_local_key_bits; only when preloaded, since only then are there tables. */
+void
+local_keys_init(bool preloaded)
+{
+	if (!preloaded)
+		return;
+	DefineCustomIntVariable("ratelimit.test_local_key_bits",
+							"For tests only: cuts the hash that places subjects in shared memory to this many bits (0: none).",
+							"Subjects then share slots often; the keyed check keeps them apart.",
+							&test_key_bits, 0, 0, 63,
+							PGC_SUSET, GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE, NULL, NULL, NULL);
+}
+
+Size
+local_keys_shmem_size(void)
+{
+	return MAXALIGN(sizeof(KeysShared));
+}
+
+/* Draws the secret key (in the postmaster), or attaches to it; with AddinShmemInitLock held. */
+void
+local_keys_shmem_init(void)
+{
+	bool		found;
+
+	shared = ShmemInitStruct("ratelimit local keys", sizeof(KeysShared), &found);
+	if (!found && !pg_strong_random(shared->secret, sizeof(shared->secret)))
+		elog(FATAL, "ratelimit: could not generate a random key for its shared memory");
+}
+
+/* Starts the keyed check of an identity: the caller hashes its parts, then siphash_final. */
+void
+local_keys_check_start(SipHash *hash)
+{
+	static const uint64 none[2] = {0, 0};
+
+	/* Without shared memory there is no table to verify against. */
+	siphash_init(hash, shared != NULL ? shared->secret : none);
+}
+
+/* The placing hash as the tables use it: never 0 (cut short for tests). */
+uint64
+local_keys_place(uint64 hash)
+{
+	if (test_key_bits > 0)
+		hash &= (UINT64CONST(1) << test_key_bits) - 1;
+	return hash != 0 ? hash : 1;
+}
