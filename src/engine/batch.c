@@ -15,6 +15,7 @@
 
 #include "base/clock.h"
 #include "engine/batch.h"
+#include "engine/denial.h"
 #include "engine/observer.h"
 
 /* Ends every fetch of a slice the batch began (an error while Redis was asked). */
@@ -102,8 +103,9 @@ batch_decide(const DecisionRequest *requests, Decision *decisions, AllowancePlan
 		if (allowance_after(plan, keys[n], answered, answered && decision->allowed,
 							&decision->remaining, decision->reset_after_ms, &lates[nlates]))
 			lates = room_for(lates, ++nlates, &late_room);
-		decision_remember_denial(request, decision, asked_us);
-		if (!answered)
+		denial_learn(request, decision, asked_us);
+		/* A script's failure is raised by the caller, once every decision is kept. */
+		if (!answered && !decision_script_failed(&request->policy, &outcome, decision))
 			decision_by_fail_mode(request, call->retry_after_ms, decision);
 	}
 	/* Slices fetched while another was (rare): given back once every slice is in. */

@@ -12,9 +12,9 @@
 
 #include "base/clock.h"
 #include "engine/decision.h"
+#include "engine/denial.h"
 #include "engine/observer.h"
 #include "local/buckets.h"
-#include "local/deny_cache.h"
 #include "local/slices.h"
 #include "policy/subject.h"
 #include "redis/breaker.h"
@@ -50,6 +50,39 @@ decision_local(const DecisionRequest *request, BucketMode mode, Decision *decisi
 	decision->retry_after_ms = result.retry_after_ms;
 	decision->reset_after_ms = result.reset_after_ms;
 	decision->source = DECISION_SOURCE_LOCAL;
+}
+
+/*
+ * When Redis could not run the script on the request's own values (a Lua
+ * error): decision is a denial that asked no fail mode, marked so that the
+ * caller raises it (decision_raise_script_error) once what it must keep is
+ * kept; true then. A fail mode stands in for Redis, never for an error the
+ * request caused: 'open' would grant without counting, however often.
+ */
+bool
+decision_script_failed(const Policy *policy, const RedisFailure *failure, Decision *decision)
+{
+	if (failure->kind != REDIS_FAILURE_SCRIPT)
+		return false;
+	decision->allowed = false;
+	decision->source = DECISION_SOURCE_FAIL_CLOSED;
+	strlcpy(decision->script_error, failure->detail, sizeof(decision->script_error));
+	return true;
+}
+
+/* Raises the error of a decision whose script failed on the request's values, if it did. */
+void
+decision_raise_script_error(const Decision *decision)
+{
+	if (decision->script_error[0] == '\0')
+		return;
+	ereport(ERROR,
+			(errhidestmt(true),
+			 errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+			 errmsg("Redis could not run the script of rate limit policy \"%s\" for this request",
+					decision->policy),
+			 errdetail("The script failed: %s.", decision->script_error),
+			 errhint("This is a limit of ratelimit, not of the policy: report it with the policy's algorithm, capacity and the cost.")));
 }
 
 /* Fills decision from the policy's fail mode, for when Redis could not decide. */
@@ -176,117 +209,6 @@ ask_redis(void *arg, RedisFailure *failure)
 		(ask->decision == NULL || decision_from_reply(ask->call.results, ask->decision, failure));
 }
 
-/*
- * True when request's policy remembers denials and this server can. Not on
- * the test clock: tests decide at exact times, which a cache that runs on the
- * server's clock would blur (test/t/195 tests it on the real clock).
- */
-static bool
-deny_cache_usable(const DecisionRequest *request)
-{
-	return request->policy.deny_cache && deny_cache_available() && clock_test_ms()[0] == '\0';
-}
-
-/*
- * How much longer than a denied cost's wait a larger cost, more tokens,
- * waits, when that can be told without Redis: a refilling algorithm adds
- * the time to refill them (rounded up: at most 1 ms over the wait Redis
- * would say), a fixed window none (it waits for the window's end); -1 for
- * the sliding algorithms, whose wait depends on what they counted when.
- */
-static int64
-longer_wait_ms(const BucketParams *params, int64 more)
-{
-	if (params->algorithm == ALGORITHM_FIXED_WINDOW)
-		return 0;
-	if (!limit_refills(params->algorithm) || params->rate <= 0)
-		return -1;
-	/* more is at most the capacity: more * unit <= capacity_units < 2^53. */
-	return (more * params->unit + params->rate - 1) / params->rate;
-}
-
-/*
- * For a take of a cost Redis denied lately (or a larger one, when its wait
- * can be told: longer_wait_ms), whose retry-after has not passed on this
- * server's clock: fills decision with that denial and the time still to
- * wait, and returns true. Redis is not asked.
- */
-static bool
-decision_denied_before(const DecisionRequest *request, Decision *decision)
-{
-	DenyEntry	entry;
-	int64		now_ms;
-	int64		longer = 0;
-	bool		larger_ok;
-	LocalKey	key;
-
-	if (request->mode != BUCKET_TAKE || !deny_cache_usable(request))
-		return false;
-	now_ms = clock_now_ms();
-	larger_ok = longer_wait_ms(&request->policy.bucket, 1) >= 0;
-	key = request_local_key(request);
-	if (!deny_cache_find(&key, request->cost, larger_ok, now_ms, &entry))
-		return false;
-	if (request->cost > entry.cost)
-		longer = longer_wait_ms(&request->policy.bucket, request->cost - entry.cost);
-	decision->allowed = false;
-	decision->remaining = entry.remaining;
-	decision->retry_after_ms = entry.until_ms - now_ms + longer;
-	decision->reset_after_ms = Max(entry.reset_until_ms - now_ms, decision->retry_after_ms);
-	decision->source = DECISION_SOURCE_DENY_CACHE;
-	return true;
-}
-
-/*
- * After Redis gave request's amount back (a refund, a reservation rolled
- * back): a denial remembered for its subject is forgotten, and one decided
- * before it is not remembered after it (local/deny_cache.c).
- */
-void
-decision_refunded(const DecisionRequest *request)
-{
-	LocalKey	key;
-
-	if (!deny_cache_usable(request))
-		return;
-	key = request_local_key(request);
-	deny_cache_forget(&key);
-}
-
-/*
- * After Redis decided request (a take sent at asked_us, clock_monotonic_us):
- * a denial with a retry-after is remembered, for no longer than the policy
- * could make anyone wait (a bucket's full refill, a window), whatever the
- * reply said; a refund (given back here) forgets what was remembered.
- */
-void
-decision_remember_denial(const DecisionRequest *request, const Decision *decision,
-						 int64 asked_us)
-{
-	LocalKey	key;
-
-	if (request->mode == BUCKET_REFUND)
-		decision_refunded(request);
-	if (!deny_cache_usable(request))
-		return;
-	key = request_local_key(request);
-	if (request->mode == BUCKET_TAKE && decision->source == DECISION_SOURCE_REDIS &&
-			 !decision->allowed && decision->retry_after_ms > 0)
-	{
-		const BucketParams *params = &request->policy.bucket;
-		int64		longest = limit_ops(params)->full_ms(params) + 1;
-		int64		now_ms = clock_now_ms();
-		DenyEntry	entry = {
-			.cost = request->cost,
-			.remaining = decision->remaining,
-			.until_ms = now_ms + Min(decision->retry_after_ms, longest),
-			.reset_until_ms = now_ms + Min(decision->reset_after_ms, longest),
-		};
-
-		deny_cache_remember(&key, &entry, now_ms, asked_us);
-	}
-}
-
 /* Fills the parts of decision that do not depend on who decides: policy, version, capacity. */
 void
 decision_init(const Policy *policy, Decision *decision)
@@ -331,7 +253,7 @@ decision_here(const DecisionRequest *request, bool single, AllowancePlan *plan,
 		decision_from_slice(plan, &grant, decision);
 		return true;
 	}
-	if (decision_denied_before(request, decision))
+	if (denial_answer(request, decision))
 		return true;
 	outcome = allowance_plan(plan, &grant, backs, nbacks);
 	if (outcome == SLICE_WAIT && single)
@@ -343,7 +265,7 @@ decision_here(const DecisionRequest *request, bool single, AllowancePlan *plan,
 			decision_from_slice(plan, &grant, decision);
 			return true;
 		}
-		if (decision_denied_before(request, decision))
+		if (denial_answer(request, decision))
 			return true;
 		outcome = allowance_plan(plan, &grant, backs, nbacks);
 	}
@@ -413,8 +335,8 @@ decide_by_redis(const DecisionRequest *request, AllowancePlan *plan, const Slice
 	if (allowance_after(plan, sent.key, answered, answered && decision->allowed,
 						&decision->remaining, decision->reset_after_ms, &back))
 		decision_give_back(&back, 1);
-	decision_remember_denial(request, decision, asked_us);
-	if (!answered)
+	denial_learn(request, decision, asked_us);
+	if (!answered && !decision_script_failed(&request->policy, &outcome, decision))
 		decision_by_fail_mode(request, call->retry_after_ms, decision);
 }
 
@@ -447,6 +369,7 @@ decision_run(const DecisionRequest *request, Decision *decision)
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
+	decision_raise_script_error(decision);
 	if (request->mode != BUCKET_REFUND)
 		decision_shadow(policy, decision);
 	if (request->mode == BUCKET_TAKE)
@@ -476,9 +399,8 @@ decision_reset(const DecisionRequest *request)
 	answered = ask_redis(&ask, &failure);
 	engine_observe_redis(&request->policy, answered, &failure, ask.call.round_trip_us);
 	/* A denial remembered for it is forgotten, whatever Redis said; so is a slice held here. */
+	denial_forget(request);
 	local_key = request_local_key(request);
-	if (deny_cache_usable(request))
-		deny_cache_forget(&local_key);
 	slices_forget(&local_key);
 	return answered;
 }
@@ -545,7 +467,8 @@ decision_fixed(const Policy *policy, Decision *decision)
 void
 decision_shadow(const Policy *policy, Decision *decision)
 {
-	if (policy->mode == POLICY_MODE_SHADOW && !decision->allowed)
+	if (policy->mode == POLICY_MODE_SHADOW && !decision->allowed &&
+		decision->script_error[0] == '\0')
 	{
 		decision->allowed = true;
 		decision->origin = decision->source;

@@ -36,6 +36,8 @@ typedef struct Decision
 	int32		version;
 	DecisionSource source;
 	DecisionSource origin;		/* for source 'shadow': who would have denied */
+	/* Not "" when the script failed on the request's values (decision_raise_script_error). */
+	char		script_error[128];
 } Decision;
 
 extern void decision_init(const Policy *policy, Decision *decision);
@@ -48,11 +50,11 @@ extern const char *decision_key(const DecisionRequest *request);
 extern void decision_redis_call(const DecisionRequest *request, RedisCall *call);
 extern bool decision_from_reply(const long long *results, Decision *decision,
 								RedisFailure *failure);
+extern bool decision_script_failed(const Policy *policy, const RedisFailure *failure,
+								   Decision *decision);
+extern void decision_raise_script_error(const Decision *decision);
 extern void decision_by_fail_mode(const DecisionRequest *request, int64 retry_after_ms,
 								  Decision *decision);
-extern void decision_refunded(const DecisionRequest *request);
-extern void decision_remember_denial(const DecisionRequest *request, const Decision *decision,
-									 int64 asked_us);
 extern bool decision_here(const DecisionRequest *request, bool single, AllowancePlan *plan,
 						  SliceGiveBack *backs, int *nbacks, Decision *decision);
 extern void decision_give_back_call(const SliceGiveBack *back, RedisCall *call);

@@ -192,6 +192,9 @@ group_ask(Group *group, RedisFailure *failure)
 	group->round_trip_us = -1;
 	answered = group_redis(group, failure);
 	engine_observe_redis(&group->requests[0].policy, answered, failure, group->round_trip_us);
+	/* The script failed on the checks' own values: an error, never a fail mode. */
+	if (!answered && decision_script_failed(&group->requests[0].policy, failure, &group->decisions[0]))
+		decision_raise_script_error(&group->decisions[0]);
 	return answered;
 }
 

@@ -95,6 +95,9 @@ lease_call(LeaseOperation operation, const Policy *policy, const char *key, cons
 	lease_script_call(operation, policy, key, id, &call.call);
 	answered = lease_call_redis(&call, &failure);
 	engine_observe_redis(policy, answered, &failure, call.call.round_trip_us);
+	/* The script failed on the request's own values: an error, never a fail mode. */
+	if (!answered && decision_script_failed(policy, &failure, decision))
+		decision_raise_script_error(decision);
 	if (!answered)
 		decision->retry_after_ms = call.call.retry_after_ms;
 	/* An error reply counts too: what a failing script wrote stays in Redis. */

@@ -22,6 +22,7 @@
 
 #include "base/clock.h"
 #include "engine/batch.h"
+#include "engine/denial.h"
 #include "engine/ledger.h"
 #include "engine/reservation.h"
 #include "policy/subject.h"
@@ -56,7 +57,7 @@ reservation_prepare_call(LedgerEntry *entry, RedisCall *call)
 static void
 reservation_given_back(LedgerEntry *entry)
 {
-	decision_refunded(&((Reservation *) entry)->request);
+	denial_forget(&((Reservation *) entry)->request);
 }
 
 static const char *
@@ -160,6 +161,9 @@ reservation_take_many(const DecisionRequest *requests, Decision *decisions, int 
 		pfree((char *) takes[i].key);
 	}
 	pfree(takes);
+	/* Raised once what was granted is in the ledger: the rollback it causes gives it back. */
+	for (int i = 0; i < count; i++)
+		decision_raise_script_error(&decisions[i]);
 }
 
 /* Decides a checked take like rl_consume, and remembers what it took for a rollback. */

@@ -62,6 +62,8 @@ RL_SQL_FUNCTION(rl_consume_many)
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 	batch_run(requests, decisions, count);
 	for (int i = 0; i < count; i++)
+		decision_raise_script_error(&decisions[i]);
+	for (int i = 0; i < count; i++)
 	{
 		Datum		values[9];
 		bool		nulls[9] = {0};

@@ -73,14 +73,55 @@ static const struct
 };
 
 /*
+ * True for the error of a script that failed on its own (a Lua error, a
+ * script given the wrong number of arguments), filling detail with its
+ * message: "user_script:12: too many results to unpack". An error reply of a
+ * command the script ran (WRONGTYPE, OOM) keeps its own first word and is
+ * not one. Our scripts check the state they read and say so ("bucket state
+ * is corrupt"), so what is left is what the request's values made the
+ * script do.
+ */
+static bool
+script_error(const char *text, int length, char *detail, size_t size)
+{
+	static const char *const starts[] = {
+		"ERR user_script:",		/* Redis 7 */
+		"ERR Error running script",	/* Redis 6 */
+		"ERR ratelimit script called with", /* ours: the wrong number of arguments */
+	};
+	int			start = -1;
+	int			end;
+
+	for (int i = 0; i < (int) lengthof(starts) && start < 0; i++)
+		if (length >= (int) strlen(starts[i]) && memcmp(text, starts[i], strlen(starts[i])) == 0)
+			start = 4;
+	if (start < 0)
+		return false;
+	/* Up to Redis's " script: <sha>" suffix, which names no key either. */
+	for (end = start; end < length && end - start < (int) size - 1; end++)
+		if (end + 8 <= length && memcmp(text + end, " script:", 8) == 0)
+			break;
+	memcpy(detail, text + start, end - start);
+	detail[end - start] = '\0';
+	return true;
+}
+
+/*
  * Fills failure from the text of an error reply: a permission refusal says
- * which command (NOPERM, or a script's "can't run this command"), any other
- * error its first word ("WRONGTYPE", "OOM", ...).
+ * which command (NOPERM, or a script's "can't run this command"), a script
+ * that failed its message, any other error its first word ("WRONGTYPE",
+ * "OOM", ...).
  */
 void
 redis_fail_with_error(RedisFailure *failure, const char *text, int length)
 {
 	int			word = 0;
+
+	if (script_error(text, length, failure->detail, sizeof(failure->detail)))
+	{
+		failure->kind = REDIS_FAILURE_SCRIPT;
+		return;
+	}
 
 	while (word < length && text[word] != ' ')
 		word++;
@@ -160,6 +201,8 @@ redis_failure_kind_name(RedisFailureKind kind)
 			return "redirect";
 		case REDIS_FAILURE_AUTH:
 			return "authentication";
+		case REDIS_FAILURE_SCRIPT:
+			return "script";
 	}
 	return "unknown";
 }

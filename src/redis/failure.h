@@ -30,10 +30,12 @@ typedef enum RedisFailureKind
 	REDIS_FAILURE_TRYAGAIN,		/* a cluster slot half moved: its keys on two nodes */
 	REDIS_FAILURE_REDIRECT,		/* redirected (MOVED, ASK) more often than a call may be */
 	/* Redis wants a password we did not send (NOAUTH), or refused ours (WRONGPASS): */
-	REDIS_FAILURE_AUTH
+	REDIS_FAILURE_AUTH,
+	/* The script failed on the request's own values (a Lua error): an error, not a fail mode. */
+	REDIS_FAILURE_SCRIPT
 } RedisFailureKind;
 
-#define REDIS_FAILURE_KINDS (REDIS_FAILURE_AUTH + 1)
+#define REDIS_FAILURE_KINDS (REDIS_FAILURE_SCRIPT + 1)
 
 typedef struct RedisFailure
 {

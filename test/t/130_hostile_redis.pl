@@ -222,6 +222,35 @@ $h->query_ok("SET ratelimit.command_timeout = '${timeout_ms}ms'");
 	$fake->stop;
 }
 
+# (3a'''') A script that fails on the request's own values (a Lua error: 0.8.0's sliding
+# log did, for costs of 4,000 and more) is an error with a SQLSTATE, never the fail mode: an
+# 'open' policy would grant without counting, however often. No script of ours fails so
+# now, so a fake answers as Redis 7 does for one that does.
+{
+	my $lua_error = "-ERR user_script:41: too many results to unpack script: 6c1fa2d0, on \@user_script:41.\r\n";
+	my $fake = fake_redis_start(reply => sub { $_[0] =~ /^EVAL/ ? $lua_error : "-ERR unexpected\r\n" });
+	set_url($h, $fake->url);
+	for my $policy (qw(h.open h.closed))
+	{
+		my $d = $h->consume($policy, $subject{fake});
+		is(sqlstate_of($d->{stderr}), '54000', "(3a'''') $policy: the script's failure is an error (54000)")
+		  or diag explain $d;
+		like($d->{stderr}, qr/Redis could not run the script of rate limit policy "\Q$policy\E" for this request/,
+			"(3a'''') $policy: saying so");
+		like($d->{stderr}, qr/DETAIL:  The script failed: user_script:41: too many results to unpack\./,
+			"(3a'''') $policy: with the script's message");
+		is($d->{allowed}, undef, "(3a'''') $policy: no decision, so no grant");
+	}
+	my (undef, $many_err) = $h->query(q{SELECT * FROM rl_consume_many('h.open', ARRAY['a', 'b'])});
+	is(sqlstate_of($many_err), '54000', "(3a'''') rl_consume_many: an error too");
+	my (undef, $all_err) = $h->query(q{SELECT * FROM rl_consume_all(ARRAY['h.open'], ARRAY['a'])});
+	is(sqlstate_of($all_err), '54000', "(3a'''') rl_consume_all: an error too");
+	is($h->query(q{SELECT source_fail_open FROM rl_stats WHERE policy = 'h.open'}) // '0', '0',
+		"(3a'''') no decision of h.open was its fail mode");
+	is(health($h)->{breaker}, 'closed', "(3a'''') Redis answered: the breaker stays closed");
+	$fake->stop;
+}
+
 # (3a') Malformed replies that a scan must refuse rather than a reader trust: a status
 # line holding a LF (which a reader that looked for the LF would take as the end of the
 # line, and read what follows as a header of its own), a NUL in a header, a bulk string
