@@ -23,6 +23,7 @@ $node->safe_psql(
 	'postgres', q{
 	INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, fail_mode) VALUES
 	  ('lf_slow', 2, 1, '1 day', 'local'),   -- never full again during the test
+	  ('lf_coll', 2, 2, '1 s', 'local'),     -- full again (its slot free) a second after
 	  ('lf_fast', 1, 1, '1 ms', 'local');    -- full again a millisecond after a take
 	-- Decisions of policy p for subjects prefix1 .. prefixN.
 	CREATE FUNCTION take_many(p text, prefix text, n int)
@@ -39,6 +40,15 @@ sub row
 	my ($sql) = @_;
 	return [ split /\|/, $node->safe_psql('postgres', $sql) ];
 }
+
+# Subjects whose placing hashes collide (cut to 2 bits here, as a crafted subject's would)
+# each have a bucket of their own: the keyed check tells them apart, so no subject can be
+# made to share another's. Eight of them get 2 tokens each, then nothing.
+my $round = q{SELECT count(*) FILTER (WHERE d.allowed) FROM generate_series(1, 8) s,
+	rl_consume('lf_coll', 'collided' || s) d;};
+is($node->safe_psql('postgres', "SET ratelimit.test_local_key_bits = 2; $round $round $round"), "8\n8\n0",
+	'subjects whose placing hashes collide: a bucket each (2 tokens for each of 8, no third)');
+$node->safe_psql('postgres', 'SELECT pg_sleep(1.1)');
 
 # Fast buckets fill the table, refill, and their slots are reused. (600 subjects: with
 # keys that hash differently in each installation, every partition of 8 slots gets 8
