@@ -31,6 +31,7 @@
 #include "base/clock.h"
 #include "engine/allowance.h"
 #include "redis/deadline.h"
+#include "redis/url.h"
 
 /* The time a take counts at: a window's (its request's), else now. */
 static int64
@@ -54,9 +55,10 @@ allowance_grant(const DecisionRequest *request, bool may_fetch, AllowancePlan *p
 	LocalKey	local_key;
 
 	memset(plan, 0, sizeof(*plan));
+	/* The slices are the server's: a session with a Redis of its own takes none. */
 	if (request->mode != BUCKET_TAKE || policy->allowance <= 0 || !policy->usable ||
 		!limit_slices(policy->algorithm) || !slices_available() ||
-		request->refund_id != NULL)
+		request->refund_id != NULL || !redis_url_is_server_wide())
 		return false;
 	plan->request = request;
 	plan->at_ms = take_time(request);

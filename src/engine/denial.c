@@ -8,16 +8,20 @@
 #include "base/clock.h"
 #include "engine/denial.h"
 #include "local/deny_cache.h"
+#include "redis/url.h"
 
 /*
  * True when request's policy remembers denials and this server can. Not on
  * the test clock: tests decide at exact times, which a cache that runs on the
- * server's clock would blur (test/t/195 tests it on the real clock).
+ * server's clock would blur (test/t/195 tests it on the real clock). Not for
+ * a session that set a Redis of its own: the cache is the server's, and
+ * speaks of the server's Redis.
  */
 static bool
 deny_cache_usable(const DecisionRequest *request)
 {
-	return request->policy.deny_cache && deny_cache_available() && clock_test_ms()[0] == '\0';
+	return request->policy.deny_cache && deny_cache_available() && clock_test_ms()[0] == '\0' &&
+		redis_url_is_server_wide();
 }
 
 /*

@@ -30,6 +30,11 @@ $node->safe_psql(
 	  ('dc.window', 'fixed_window', 1, '1 hour', 'closed');
 	INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, fail_mode, deny_cache) VALUES
 	  ('dc.off', 1, 1, '1 hour', 'closed', false);
+	INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, fail_mode) VALUES
+	  ('dc.rollback', 1, 1, '1 hour', 'closed'),
+	  ('dc.race', 100, 1, '1 day', 'closed'),
+	  ('dc.hostile', 1, 1, '2 s', 'closed');
+	CREATE TABLE race_log (allowed boolean);
 	CREATE TABLE seen (source text, allowed boolean, retry bigint);
 });
 
@@ -124,6 +129,65 @@ is("$a|$source", 'f|deny_cache', 'a fixed window\'s denial is remembered');
 like($node->safe_psql('postgres', q{SELECT d.source || ' ' || rl_headers(d)::text FROM rl_consume('dc.window', 'w1') d}),
 	qr/^deny_cache .*"RateLimit": "\\"dc\.window\\";r=0;t=\d+".*"Retry-After": "\d+"/,
 	'rl_headers of a cached denial: RateLimit with r=0, and Retry-After');
+
+# A reservation rolled back here forgets the denial as a refund does: the next take is
+# Redis's (0.8.0 kept denying it from the cache for the whole retry-after).
+my $holder = session($node);
+$holder->query_ok(q{BEGIN; SELECT allowed FROM rl_reserve('dc.rollback', 'rb')});
+($a, $source) = split /\|/, decide('dc.rollback', 'rb');
+is("$a|$source", 'f|redis', 'while a reservation holds the token: denied by Redis');
+($a, $source) = split /\|/, decide('dc.rollback', 'rb');
+is("$a|$source", 'f|deny_cache', 'then from the cache');
+$holder->query_ok('ROLLBACK');
+($a, $source) = split /\|/, decide('dc.rollback', 'rb');
+is("$a|$source", 't|redis', 'after the reservation is rolled back: Redis grants');
+$holder->quit;
+
+# Denials decided before a refund made here, and remembered after it, would hide the
+# refund: 32 clients each commit 8 reservations and roll back 8, on 100 tokens. Afterwards
+# what was granted and committed and what Redis holds make exactly 100, and what Redis holds
+# is granted at once, by Redis: no denial remembered from before a refund stands in its way.
+my $race_file = "$dir/race.sql";
+append_to_file($race_file, q{BEGIN;
+INSERT INTO race_log SELECT allowed FROM rl_reserve('dc.race', 'race');
+COMMIT;
+BEGIN;
+SELECT allowed FROM rl_reserve('dc.race', 'race');
+ROLLBACK;
+});
+run_pgbench($node, 'race', $race_file, 32, 8);
+my $committed = $node->safe_psql('postgres', 'SELECT count(*) FROM race_log WHERE allowed');
+my $held = $node->safe_psql('postgres', q{SELECT remaining FROM rl_peek('dc.race', 'race')});
+note "the race: $committed reservations committed, $held tokens left in Redis";
+is($committed + $held, 100, 'what was committed and what Redis holds make exactly 100');
+is($node->safe_psql('postgres',
+		"SELECT count(*) FILTER (WHERE d.allowed AND d.source = 'redis') FROM generate_series(1, $held) g, "
+		  . "LATERAL rl_consume('dc.race', 'race', 1 + 0 * g) d"),
+	$held, "the $held tokens left are granted, by Redis");
+
+# A hostile (or broken) Redis that says "retry after 10^12 ms" keeps the subject denied
+# here for no longer than the policy could make anyone wait (a full refill: 2 s), not for
+# 31 years after Redis is healthy again.
+{
+	my $fake = fake_redis_start(
+		reply => sub { $_[0] =~ /^EVAL/ ? "*4\r\n:0\r\n:0\r\n:1000000000000\r\n:1000000000000\r\n" : "+OK\r\n" });
+	$node->safe_psql('postgres', 'ALTER SYSTEM SET ratelimit.redis_url = ' . quote_literal($fake->url));
+	$node->reload;
+	$node->poll_query_until('postgres', q{SELECT current_setting('ratelimit.redis_url') LIKE '%} . $fake->port . q{'})
+	  or die 'the fake Redis is not the server\'s';
+	my ($ha, $hs, $hr) = split /\|/, decide('dc.hostile', 'h');
+	is("$ha|$hs|$hr", 'f|redis|1000000000000', 'the hostile Redis denies, for 10^12 ms');
+	$node->safe_psql('postgres', 'ALTER SYSTEM RESET ratelimit.redis_url');
+	$node->reload;
+	$node->poll_query_until('postgres', q{SELECT current_setting('ratelimit.redis_url') NOT LIKE '%} . $fake->port . q{'})
+	  or die 'the real Redis is not back';
+	$fake->stop;
+	($ha, $hs) = split /\|/, decide('dc.hostile', 'h');
+	is("$ha|$hs", 'f|deny_cache', 'its denial is remembered');
+	usleep(2_100_000);
+	($ha, $hs) = split /\|/, decide('dc.hostile', 'h');
+	is("$ha|$hs", 't|redis', 'but for no longer than a full refill (2 s): then the healthy Redis grants');
+}
 
 # deny_cache = false: every denial is Redis's.
 decide('dc.off', 'o1');
