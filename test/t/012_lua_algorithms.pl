@@ -59,7 +59,7 @@ sub reply { return '{' . join(', ', @{ $_[0] }) . '}' }
 
 load_script($_) for qw(gcra/take_one gcra/peek gcra/refund fixed_window/take_one fixed_window/peek
   fixed_window/refund sliding_window/take sliding_window/peek sliding_window/refund
-  sliding_log/take sliding_log/peek sliding_log/refund group);
+  sliding_log/take sliding_log/peek sliding_log/refund group reset);
 
 sub gcd { my ($a, $b) = @_; ($a, $b) = ($b, $a % $b) while $b; return $a }
 
@@ -508,6 +508,30 @@ subtest 'sliding_log: costs up to a capacity of 10,000, exact' => sub {
 	is(fast('sliding_log/take', ['l:cap'], $T0 + 2, $cap, 3334, $w), '{0, 3333, 86399998, 86399998}',
 		'3,334 more: the rest of the first request must leave');
 	is(fast('sliding_log/take', ['l:cap'], $T0 + 2, $cap, 3333, $w), '{1, 0, 0, 86400000}', '3,333 fit');
+};
+
+subtest 'sliding_log: a Redis user with the commands 0.8.0 needed (no UNLINK) runs every script' => sub {
+	$db->command('ACL', 'SETUSER', 'old_acl', 'on', '>pw-012', '~*', '-@all',
+		map { "+$_" } qw(evalsha eval time get set hmget del pexpire zcount zscore zrem
+		  zremrangebyscore zadd zrange zrangebyscore zrevrangebyscore));
+	my $user = RateLimitTest::RespClient->new(port => $redis->port, user => 'old_acl', password => 'pw-012');
+	my $as_user = sub {
+		my ($name, $keys, @args) = @_;
+		my $r = $user->command('EVALSHA', $sha{$name}, scalar(@$keys), @$keys, @args);
+		return RateLimitTest::RespClient::is_error($r) ? $r->msg : reply($r);
+	};
+	is($as_user->('sliding_log/take', ['l:acl'], $T0, 5, 2, 10000), '{1, 3, 0, 10000}', 'a take');
+	is($as_user->('sliding_log/peek', ['l:acl'], $T0, 5, 4, 10000), '{0, 3, 10000, 10000}', 'a peek');
+	is($as_user->('group', ['l:acl'], $T0, 5, 5, 1, 10000), '{1, 2, 0, 10000}', 'a check of the group');
+	is($as_user->('sliding_log/refund', ['l:acl'], $T0, 5, 5, 10000), '{1, 5, 0, 0}',
+		'a refund of all it holds: the log is deleted (DEL)');
+	is($db->command('EXISTS', 'l:acl'), 0, 'it is gone');
+	$db->command('ZADD', 'l:acl', map { ($T0, "$T0:$_") } 1 .. 3);
+	is($as_user->('sliding_log/take', ['l:acl'], $T0 + 1, 5, 1, 10000), '{1, 1, 0, 10000}',
+		'0.8.0\'s log converted on its first write (DEL)');
+	is($as_user->('reset', ['l:acl']), '{1}', 'rl_reset (DEL)');
+	$user->close;
+	$db->command('ACL', 'DELUSER', 'old_acl');
 };
 
 subtest 'peeks are marked no-writes: EVALSHA_RO runs them (replicas may too)' => sub {

@@ -19,7 +19,7 @@ package RateLimitTest::RespClient::Error
 	sub msg { return $_[0]{msg} }
 }
 
-# Connects to 127.0.0.1:port (AUTH password when given).
+# Connects to 127.0.0.1:port (AUTH [user] password when a password is given).
 sub new
 {
 	my ($class, %opt) = @_;
@@ -31,7 +31,7 @@ sub new
 	my $self = bless { sock => $sock }, $class;
 	if (defined $opt{password})
 	{
-		my $ok = $self->command('AUTH', $opt{password});
+		my $ok = $self->command('AUTH', (defined $opt{user} ? ($opt{user}) : ()), $opt{password});
 		die 'AUTH failed: ' . $ok->msg if is_error($ok);
 	}
 	return $self;
