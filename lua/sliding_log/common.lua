@@ -27,7 +27,7 @@
 local SLIDING_LOG = {nkeys = 1, nargs = 3, clock = true}
 
 -- The most members one write removes: bounded work, more than a take adds.
-local TRIM_MOST = 8
+local TRIM_MOST = 4
 
 -- A member's sum, cost and floor (0 without one); nil for 0.8.0's "<ms>:<n>".
 local function log_member(member)
