@@ -6,10 +6,10 @@ if held >= capacity then
 end
 local expiry = now + ttl
 may_write('ZADD', key, expiry, id)
-may_write('ZREMRANGEBYSCORE', key, '-inf', expired)
+may_write('ZREM', key, id)
 may_write('PEXPIRE', key, ttl)
 call('ZADD', key, expiry, id)
-call('ZREMRANGEBYSCORE', key, '-inf', expired)
+trim_expired()
 -- The set lives as long as its longest lease, even one taken under a longer TTL.
 local longest = call('ZRANGE', key, -1, -1, 'WITHSCORES')
 call('PEXPIRE', key, math.max(ttl, tonumber(longest[2]) - now))

@@ -4,6 +4,9 @@
 -- sorted set scored by its expiry, so a lease whose holder died expires by itself
 -- (the TTL backstop); its holder normally releases it much earlier. Leases are counted
 -- without removing the expired ones, so that every check comes before the first write.
+-- A set may hold many leases (a transaction can take 100,000): every command here is
+-- O(log N), and a write removes at most TRIM_MOST expired leases, so no call's work grows
+-- with the set (Redis serves everyone else meanwhile).
 --
 -- KEYS[1]  the lease set
 -- ARGV     "now" in ms for tests (empty: Redis TIME), capacity (leases), lease TTL in
@@ -42,3 +45,13 @@ end
 
 local held = call('ZCOUNT', key, live, '+inf')
 
+-- The most expired leases one call removes: more than a call adds, so they never pile up.
+local TRIM_MOST = 32
+
+-- Removes the soonest expired leases, at most TRIM_MOST of them.
+local function trim_expired()
+  local gone = call('ZRANGEBYSCORE', key, '-inf', expired, 'LIMIT', 0, TRIM_MOST)
+  if #gone > 0 then
+    call('ZREM', key, unpack(gone))
+  end
+end

@@ -1,7 +1,6 @@
 -- concurrency/release.lua: gives one lease back (rl_release, and the end of its
 -- transaction or session); allowed says a lease still live was released.
 may_write('ZREM', key, id)
-may_write('ZREMRANGEBYSCORE', key, '-inf', expired)
 local released = 0
 local score = call('ZSCORE', key, id)
 if score and tonumber(score) > now then
@@ -10,5 +9,5 @@ end
 if score then
   call('ZREM', key, id)
 end
-call('ZREMRANGEBYSCORE', key, '-inf', expired)
+trim_expired()
 return lease_reply(released, held - released, false)

@@ -30,7 +30,8 @@ if count == cost then
   call('PEXPIRE', key, ARGV[5])
 end
 if count > capacity then
-  call('INCRBY', key, -cost)
-  return {0, math.max(capacity - (count - cost), 0), left, left}
+  -- The count before this take, exactly (count itself may pass 2^53, past what a double holds).
+  local before = call('INCRBY', key, -cost)
+  return {0, math.max(capacity - before, 0), left, left}
 end
 return {1, capacity - count, 0, left}

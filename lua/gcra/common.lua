@@ -10,7 +10,9 @@
 --
 -- Each check takes 5 arguments, as the token bucket's: tolerance (capacity units), rate
 -- (units per ms), unit (units per token), cost in tokens, TTL in ms (0: until the TAT).
--- algorithm/gcra.c bounds the rate so that now * rate + tolerance stays below 2^53.
+-- algorithm/gcra.c bounds the rate so that now * rate + tolerance stays below 2^53; a
+-- TAT is at most that (when granted), so sums with a cost are made from TAT - now (up to
+-- a cost of the whole tolerance, near 2^52, at the bound).
 
 local GCRA = {nkeys = 1, nargs = 5, clock = true}
 
@@ -23,7 +25,7 @@ function GCRA.load(k, a, now)
     ttl = tonumber(ARGV[a + 4]),
   }
   s.cost = tonumber(ARGV[a + 3]) * s.unit
-  if now * s.rate > EXACT_MAX - s.tolerance - s.cost then
+  if now * s.rate > EXACT_MAX - s.tolerance then
     error({err = 'ERR ratelimit clock is beyond what gcra holds exactly'})
   end
   s.now = now * s.rate
@@ -45,11 +47,11 @@ function GCRA.load(k, a, now)
 end
 
 function GCRA.try(s, e)
-  if s.tat + e.cost - s.now <= s.tolerance then
+  if s.tat - s.now + e.cost <= s.tolerance then
     s.tat = s.tat + e.cost
     return true
   end
-  e.retry = ceil_div(s.tat + e.cost - s.tolerance - s.now, s.rate)
+  e.retry = ceil_div(s.tat - s.now + e.cost - s.tolerance, s.rate)
   return false
 end
 

@@ -22,12 +22,13 @@ if ARGV[1] == '' then
 else
   now = tonumber(ARGV[1])
 end
--- A whole number of ms, and now * rate + tolerance + cost exact (below 2^53).
+-- A whole number of ms, and now * rate + tolerance exact (below 2^53): a granted TAT is at
+-- most that, and sums with a cost are made from TAT - now (see common.lua).
 if not (now and now >= 0 and now == floor(now)) then
   error({err = 'ERR ratelimit clock is not a whole number of ms'})
 end
 now = now * rate
-if now > EXACT_MAX - tolerance - cost then
+if now > EXACT_MAX - tolerance then
   error({err = 'ERR ratelimit clock is beyond what gcra holds exactly'})
 end
 local tat = now
@@ -45,7 +46,7 @@ if value then
   end
 end
 local allowed, retry = 0, 0
-if tat + cost - now <= tolerance then
+if tat - now + cost <= tolerance then
   allowed = 1
   tat = tat + cost
 end

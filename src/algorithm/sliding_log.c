@@ -1,17 +1,19 @@
 /*
  * sliding_log.c
- *	  The sliding log: one sorted set per subject holds a timestamp per token
- *	  granted within the last window (on Redis's clock, as the token bucket's
- *	  refill); a request is allowed when the entries younger than the window,
- *	  plus its cost, are at most the capacity. Exact for any window, at the
- *	  price of memory per token: capacity is bounded (SLIDING_LOG_MAX_CAPACITY).
+ *	  The sliding log: one sorted set per subject holds a member per granted
+ *	  request, scored by its time on Redis's clock and carrying the tokens the
+ *	  log granted up to it (lua/sliding_log/common.lua); a request is allowed
+ *	  when the tokens granted within the last window, plus its cost, are at
+ *	  most the capacity. Exact for any window, each script a few commands of
+ *	  O(log N) at every capacity the table accepts (SLIDING_LOG_MAX_CAPACITY).
  *
  *	  In C (the local fallback) a log of at most LIMIT_LOG_TOKENS tokens is
- *	  kept in the slot, step for step as the scripts keep theirs (a test runs
- *	  one sequence through both). A longer log does not fit a slot of fixed
- *	  size, so its local fallback (policy.c) is a fixed window of the same
- *	  length holding half the local capacity: any window of that length
- *	  overlaps at most two fixed ones, so it never grants more than the log.
+ *	  kept in the slot, a time per token, deciding step for step as the
+ *	  scripts do (a test runs one sequence through both). A longer log does not
+ *	  fit a slot of fixed size, so its local fallback (policy.c) is a fixed
+ *	  window of the same length holding half the local capacity: any window of
+ *	  that length overlaps at most two fixed ones, so it never grants more than
+ *	  the log.
  */
 #include "prelude.h"
 
@@ -82,17 +84,19 @@ log_trim(const BucketParams *params, BucketState *state, int64 now_ms)
 	state->level -= old;
 }
 
-/* Adds count entries at now_ms, keeping them oldest first (a clock that stepped back left younger ones). */
+/*
+ * Adds count entries at now_ms, or at the newest entry's time if later: after
+ * a clock stepped back, new entries leave the window later, never sooner.
+ */
 static void
 log_add(BucketState *state, int64 now_ms, int64 count)
 {
-	int			at = (int) state->level;
+	int64		at_ms = now_ms;
 
-	while (at > 0 && state->log[at - 1] > now_ms)
-		at--;
-	memmove(state->log + at + count, state->log + at, (state->level - at) * sizeof(int64));
+	if (state->level > 0)
+		at_ms = Max(at_ms, state->log[state->level - 1]);
 	for (int i = 0; i < count; i++)
-		state->log[at + i] = now_ms;
+		state->log[state->level + i] = at_ms;
 	state->level += count;
 }
 

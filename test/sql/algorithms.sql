@@ -174,6 +174,17 @@ SELECT allowed, remaining FROM rl_refund('alg.log', 'l1', 1);
 SELECT allowed, remaining FROM rl_consume('alg.log', 'l1');
 SELECT rl_reset('alg.log', 'l1');
 SELECT allowed, remaining FROM rl_peek('alg.log', 'l1', 3);
+-- At its largest capacity, any cost up to it, decided by Redis: ten takes of 5,000 on
+-- 10,000 a day grant exactly two.
+INSERT INTO rl_policy (name, algorithm, capacity, refill_period, fail_mode) VALUES
+    ('alg.log.big', 'sliding_log', 10000, '1 day', 'open');
+SELECT count(*) FILTER (WHERE d.allowed) AS granted, count(*) FILTER (WHERE d.source = 'redis') AS by_redis,
+       min(d.remaining) AS remaining
+FROM generate_series(1, 10) AS g, LATERAL rl_consume('alg.log.big', 'big', 5000 + 0 * g) AS d;
+SELECT allowed, remaining, source FROM rl_consume('alg.log.big', 'other', 10000);
+SELECT allowed, remaining FROM rl_refund('alg.log.big', 'other', 3333);
+SELECT allowed, remaining FROM rl_consume('alg.log.big', 'other', 3334);
+DELETE FROM rl_policy WHERE name = 'alg.log.big';
 
 --
 -- Every algorithm through the other functions.

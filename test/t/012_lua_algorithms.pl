@@ -59,7 +59,7 @@ sub reply { return '{' . join(', ', @{ $_[0] }) . '}' }
 
 load_script($_) for qw(gcra/take_one gcra/peek gcra/refund fixed_window/take_one fixed_window/peek
   fixed_window/refund sliding_window/take sliding_window/peek sliding_window/refund
-  sliding_log/take sliding_log/peek sliding_log/refund group);
+  sliding_log/take sliding_log/peek sliding_log/refund group reset);
 
 sub gcd { my ($a, $b) = @_; ($a, $b) = ($b, $a % $b) while $b; return $a }
 
@@ -178,6 +178,13 @@ subtest 'fixed_window: hand-worked values, encoding, TTL, peek, refund' => sub {
 	$redis->cli('HSET', 'f:hash', 'a', 1);
 	like(reply(run('fixed_window/take_one', 1, 'f:hash', '', 3, 1, 10, 10)), qr/corrupt/, 'so is another type');
 	like(reply(run('fixed_window/take_one', 1, 'f:x', '', 3, 1, 10)), qr/called with 4 arguments, not 5/, 'arguments are counted');
+	# At the largest capacity, 2^53 - 2: a denied count passes 2^53, where doubles skip odd numbers.
+	my $cap = 9_007_199_254_740_990;
+	is(reply(run('fixed_window/take_one', 1, 'f:big', '', $cap, $cap - 1, 1000, 2000)), '{1, 1, 0, 1000}',
+		'a take of all but one of 2^53 - 2');
+	is(reply(run('fixed_window/take_one', 1, 'f:big', '', $cap, 4, 1000, 2000)), '{0, 1, 1000, 1000}',
+		'a take of 4 more: denied, 1 left (exactly)');
+	is($redis->cli('GET', 'f:big'), $cap - 1, 'and the count is as it was');
 };
 
 # The count windows of a model: start -> count.
@@ -330,26 +337,29 @@ subtest 'sliding_window: its error, measured (docs/algorithms.md)' => sub {
 };
 
 #
-# sliding_log: exact, a timestamp per token.
+# sliding_log: exact, a member per request carrying the tokens granted up to it.
 #
+# The model keeps a time per token, oldest first: a request's tokens are stamped now, or
+# the newest token's time if later (a clock that stepped back), so they leave the window
+# after every token before them.
 sub log_model
 {
-	my ($log, $now, $cost, $cap, $w) = @_;
+	my ($log, $now, $cost, $cap, $w, $peek) = @_;
 	my @in = grep { $_ > $now - $w } @$log;
 	my ($allowed, $retry) = (0, 0);
 	if (@in + $cost <= $cap)
 	{
 		$allowed = 1;
-		push @in, ($now) x $cost;
+		return [ 1, $cap - @in, 0, @in ? $in[-1] + $w - $now : 0 ] if $peek;
+		my $at = @in && $in[-1] > $now ? $in[-1] : $now;
+		push @in, ($at) x $cost;
 		@$log = @in;
 	}
 	else
 	{
-		my @all = sort { $a <=> $b } @in;
-		$retry = $all[ @in + $cost - $cap - 1 ] + $w - $now;
+		$retry = $in[ @in + $cost - $cap - 1 ] + $w - $now;
 	}
-	my @sorted = sort { $a <=> $b } @in;
-	my $reset = @sorted ? $sorted[-1] + $w - $now : 0;
+	my $reset = @in ? $in[-1] + $w - $now : 0;
 	return [ $allowed, $cap - @in > 0 ? $cap - @in : 0, $retry, $reset ];
 }
 
@@ -358,12 +368,12 @@ subtest 'sliding_log: hand-worked values, members, TTL, peek, refund' => sub {
 	is(reply(run('sliding_log/take', 1, 'l:h', $T0 + 4000, 3, 1, 10000)), '{1, 0, 0, 10000}', 'take 1 4 s later');
 	is(reply(run('sliding_log/take', 1, 'l:h', $T0 + 4000, 3, 1, 10000)), '{0, 0, 6000, 10000}',
 		'one more: when the first leaves the window');
-	is($redis->cli('ZCARD', 'l:h'), '3', 'a member per token');
+	is($redis->cli('ZCARD', 'l:h'), '2', 'a member per request');
 	is(reply(run('sliding_log/peek', 1, 'l:h', $T0 + 10000, 3, 3, 10000)), '{0, 2, 4000, 4000}',
 		'at 10 s two have left: 3 would wait 4 s more');
 	is(reply(run('sliding_log/refund', 1, 'l:h', $T0 + 10000, 3, 1, 10000)), '{1, 3, 0, 0}',
-		'a refund takes out the youngest');
-	is($redis->cli('ZCARD', 'l:h'), '0', 'and the log is trimmed to the window');
+		'a refund takes out the oldest in the window');
+	is($redis->cli('EXISTS', 'l:h'), '0', 'a log that counts nothing is no state at all');
 	run('sliding_log/take', 1, 'l:h', $T0 + 10000, 3, 3, 10000);
 	my $pttl = $redis->cli('PTTL', 'l:h');
 	ok($pttl > 9000 && $pttl <= 10000, "the log lives a window after its last write ($pttl ms)");
@@ -385,6 +395,150 @@ subtest 'sliding_log: a long sequence equals the model, through take and the gro
 	}
 	is($same, $steps, "all $steps answers are the model's");
 	cmp_ok($redis->cli('ZCARD', 'l:seq'), '<=', 6 + 6, 'the log holds no more than its window needs');
+};
+
+# The same calls over one RESP connection: the reply as '{a, b, c, d}', an error as its text.
+my $db = $redis->client;
+sub fast
+{
+	my ($name, $keys, @args) = @_;
+	my $r = $db->command('EVALSHA', $sha{$name}, scalar(@$keys), @$keys, @args);
+	return RateLimitTest::RespClient::is_error($r) ? $r->msg : reply($r);
+}
+
+# A refund in the model: the oldest tokens in the window go.
+sub log_refund_model
+{
+	my ($log, $now, $cost, $cap, $w) = @_;
+	my @in = grep { $_ > $now - $w } @$log;
+	splice(@in, 0, $cost < @in ? $cost : scalar(@in));
+	@$log = @in;
+	return [ 1, $cap - @in, 0, @in ? $in[-1] + $w - $now : 0 ];
+}
+
+subtest 'sliding_log: takes, peeks and refunds equal the model, the clock stepping back' => sub {
+	my (@log, %same);
+	my ($cap, $w) = (6, 3000);
+	my $now = $T0 + 100_000;
+	my $steps = 600;
+	my %count;
+	for my $i (1 .. $steps)
+	{
+		$now += int(rand(700)) - 150;
+		my $cost = 1 + int(rand(3));
+		my $op = (qw(take take take peek refund))[ int(rand(5)) ];
+		$count{$op}++;
+		my ($want, $got);
+		if ($op eq 'refund')
+		{
+			$want = reply(log_refund_model(\@log, $now, $cost, $cap, $w));
+			$got = fast('sliding_log/refund', ['l:mix'], $now, $cap, $cost, $w);
+		}
+		else
+		{
+			$want = reply(log_model(\@log, $now, $cost, $cap, $w, $op eq 'peek'));
+			$got = fast("sliding_log/$op", ['l:mix'], $now, $cap, $cost, $w);
+		}
+		$same{$op}++ if $got eq $want;
+		diag("step $i at $now: $op $cost: $got, model $want") if $got ne $want;
+	}
+	is($same{$_} // 0, $count{$_}, "$count{$_} ${_}s: every answer is the model's") for sort keys %count;
+};
+
+subtest 'sliding_log: a clock stepping back stamps new requests at the newest time' => sub {
+	is(fast('sliding_log/take', ['l:back'], $T0 + 5000, 3, 2, 10000), '{1, 1, 0, 10000}', 'take 2 at 5 s');
+	is(fast('sliding_log/take', ['l:back'], $T0, 3, 1, 10000), '{1, 0, 0, 15000}',
+		'the clock steps back 5 s: take 1, stamped at 5 s (it leaves the window with the others)');
+	is_deeply($db->command('ZRANGE', 'l:back', 0, -1, 'WITHSCORES'),
+		[ '0000000000000002/2', $T0 + 5000, '0000000000000003/1', $T0 + 5000 ],
+		'a member per request: the tokens granted up to it, its cost; both at 5 s');
+	is(fast('sliding_log/take', ['l:back'], $T0 + 14_999, 3, 1, 10000), '{0, 0, 1, 1}',
+		'at 14.999 s the log is full: 1 ms to wait');
+	is(fast('sliding_log/take', ['l:back'], $T0 + 15_000, 3, 3, 10000), '{1, 0, 0, 10000}',
+		'at 15 s every token has left: 3 granted');
+};
+
+subtest 'sliding_log: two checks of one log in the group script' => sub {
+	is(fast('group', [ 'l:two', 'l:two' ], $T0, 5, 5, 2, 10000, 5, 5, 2, 10000),
+		'{1, 1, 0, 10000, 1, 1, 0, 10000}', '2 and 2 of 5 granted together');
+	is(fast('group', [ 'l:two', 'l:two' ], $T0 + 1000, 5, 5, 1, 10000, 5, 5, 2, 10000),
+		'{0, 1, 0, 9000, 0, 1, 9000, 9000}',
+		'1 and 2 more: the second would wait for 2 of the oldest (9 s); nothing charged');
+	is($db->command('ZCARD', 'l:two'), 1, 'one member for the two checks granted together');
+};
+
+subtest 'sliding_log: a log that 0.8.0 wrote (a member per token) is read conservatively' => sub {
+	my ($cap, $w) = (10, 10000);
+	# 0.8.0's members: "<ms>:<n>", scored by ms: 3 tokens at 0 s, 4 at 2 s.
+	my $old = sub {
+		my ($key) = @_;
+		$db->command('DEL', $key);
+		$db->command('ZADD', $key, map { ($T0, "$T0:$_") } 1 .. 3);
+		$db->command('ZADD', $key, map { ($T0 + 2000, ($T0 + 2000) . ":$_") } 4 .. 7);
+	};
+	$old->('l:old');
+	is(fast('sliding_log/peek', ['l:old'], $T0 + 5000, $cap, 3, $w), '{1, 3, 0, 7000}',
+		'7 tokens counted: 3 more fit');
+	is(fast('sliding_log/peek', ['l:old'], $T0 + 5000, $cap, 4, $w), '{0, 3, 7000, 7000}',
+		'4 would wait until 12 s, when all 7 have left (0.8.0 said 10 s, when the 3 oldest had): never sooner');
+	is($db->command('ZCARD', 'l:old'), 7, 'a peek writes nothing: still 0.8.0\'s log');
+	is(fast('sliding_log/take', ['l:old'], $T0 + 5000, $cap, 2, $w), '{1, 1, 0, 10000}', 'take 2: granted');
+	is_deeply($db->command('ZRANGE', 'l:old', 0, -1, 'WITHSCORES'),
+		[ '0000000000000007/7', $T0 + 2000, '0000000000000009/2', $T0 + 5000 ],
+		'written anew: one request at the newest old time holding the 7, then the 2');
+	is(fast('sliding_log/take', ['l:old'], $T0 + 11_999, $cap, 2, $w), '{0, 1, 1, 3001}',
+		'at 11.999 s the 7 still count (0.8.0 would have let its 3 oldest go and granted): denied');
+	is(fast('sliding_log/take', ['l:old'], $T0 + 12_000, $cap, 8, $w), '{1, 0, 0, 10000}', 'at 12 s they are gone');
+
+	$old->('l:old');
+	is(fast('sliding_log/refund', ['l:old'], $T0 + 5000, $cap, 3, $w), '{1, 6, 0, 7000}',
+		'a refund of 3 on 0.8.0\'s log: the 3 oldest go');
+	is_deeply($db->command('ZRANGE', 'l:old', 0, -1, 'WITHSCORES'), [ '0000000000000007/7/3', $T0 + 2000 ],
+		'one member holding the 7, 3 of them under the floor');
+	is(fast('sliding_log/peek', ['l:old'], $T0 + 5000, $cap, 4, $w), '{1, 6, 0, 7000}', 'and 4 fit');
+
+	$old->('l:old');
+	is(fast('group', ['l:old'], $T0 + 5000, 5, $cap, 4, $w), '{0, 3, 7000, 7000}', 'the group script reads it too');
+	is(fast('sliding_log/take', ['l:old'], $T0 + 12_000, $cap, 10, $w), '{1, 0, 0, 10000}',
+		'once all of it has left the window, a take of the capacity');
+	is($db->command('ZCARD', 'l:old'), 1, 'the old members are gone');
+};
+
+subtest 'sliding_log: costs up to a capacity of 10,000, exact' => sub {
+	my ($cap, $w) = (10_000, 86_400_000);
+	my @granted = map { fast('sliding_log/take', ['l:big'], $T0 + $_, $cap, 5000, $w) } 1 .. 10;
+	is(scalar(grep { /^\{1,/ } @granted), 2, 'ten takes of 5,000 on 10,000 a day: exactly 2 granted');
+	is($granted[2], '{0, 0, 86399998, 86399999}', 'the third waits until the first leaves the window');
+	is($db->command('ZCARD', 'l:big'), 2, 'a member per request');
+	is(fast('sliding_log/take', ['l:cap'], $T0, $cap, $cap, $w), '{1, 0, 0, 86400000}', 'a cost of the capacity');
+	is(fast('sliding_log/refund', ['l:cap'], $T0 + 1, $cap, 3333, $w), '{1, 3333, 0, 86399999}', 'a refund of 3,333');
+	is(fast('sliding_log/take', ['l:cap'], $T0 + 2, $cap, 3334, $w), '{0, 3333, 86399998, 86399998}',
+		'3,334 more: the rest of the first request must leave');
+	is(fast('sliding_log/take', ['l:cap'], $T0 + 2, $cap, 3333, $w), '{1, 0, 0, 86400000}', '3,333 fit');
+};
+
+subtest 'sliding_log: a Redis user with the commands 0.8.0 needed (no UNLINK) runs every script' => sub {
+	$db->command('ACL', 'SETUSER', 'old_acl', 'on', '>pw-012', '~*', '-@all',
+		map { "+$_" } qw(evalsha eval time get set hmget del pexpire zcount zscore zrem
+		  zremrangebyscore zadd zrange zrangebyscore zrevrangebyscore));
+	my $user = RateLimitTest::RespClient->new(port => $redis->port, user => 'old_acl', password => 'pw-012');
+	my $as_user = sub {
+		my ($name, $keys, @args) = @_;
+		my $r = $user->command('EVALSHA', $sha{$name}, scalar(@$keys), @$keys, @args);
+		return RateLimitTest::RespClient::is_error($r) ? $r->msg : reply($r);
+	};
+	is($as_user->('sliding_log/take', ['l:acl'], $T0, 5, 2, 10000), '{1, 3, 0, 10000}', 'a take');
+	is($as_user->('sliding_log/peek', ['l:acl'], $T0, 5, 4, 10000), '{0, 3, 10000, 10000}', 'a peek');
+	is($as_user->('group', ['l:acl'], $T0, 5, 5, 1, 10000), '{1, 2, 0, 10000}', 'a check of the group');
+	is($as_user->('sliding_log/refund', ['l:acl'], $T0, 5, 5, 10000), '{1, 5, 0, 0}',
+		'a refund of all it holds: the log is deleted (DEL)');
+	is($db->command('EXISTS', 'l:acl'), 0, 'it is gone');
+	$db->command('ZADD', 'l:acl', map { ($T0, "$T0:$_") } 1 .. 3);
+	is($as_user->('sliding_log/take', ['l:acl'], $T0 + 1, 5, 1, 10000), '{1, 1, 0, 10000}',
+		'0.8.0\'s log converted on its first write (DEL)');
+	is($as_user->('reset', ['l:acl']), '{1}', 'rl_reset (DEL)');
+	$user->close;
+	$db->command('ACL', 'DELUSER', 'old_acl');
 };
 
 subtest 'peeks are marked no-writes: EVALSHA_RO runs them (replicas may too)' => sub {

@@ -2,8 +2,9 @@
 # Upgrading never grants more: buckets that ratelimit 0.3.0's scripts wrote (a hash of
 # level and time) are honoured after ALTER EXTENSION ratelimit UPDATE by every script that
 # reads them — the lean one-bucket take of rl_consume, rl_peek and the group script of
-# rl_consume_all — until they are written again in the string form. An installation made
-# at 0.3.0 keeps its keys (no installation id in them), so the old buckets are found.
+# rl_consume_all — until they are written again in the string form; so is a sliding log as
+# 0.8.0 wrote it (a member per token). An installation made at 0.3.0 keeps its keys (no
+# installation id in them), so the old buckets are found.
 
 use strict;
 use warnings;
@@ -80,6 +81,22 @@ is($q->("SELECT string_agg(allowed::text || ':' || remaining, ',') FROM "
 		  . "rl_consume_all(ARRAY['up.one', 'up.two'], ARRAY['acme', 'acme/bob'])"),
 	'true:0,true:9', 'a cost of 1 each granted (nothing was taken by the denial before)');
 is($redis->cli('TYPE', key_of('up.one', 'acme')), 'string', 'the group wrote it in the string form');
+
+# A sliding log as 0.8.0's scripts wrote it, a member "<ms>:<n>" per token: 6 tokens of
+# 10 an hour, taken a second ago. Read as one request holding the 6, then written anew.
+$node->safe_psql('postgres', "SELECT rl_define('up.log', 10, per => '1 hour', algorithm => 'sliding_log')");
+my $log = key_of('up.log', 'carol');
+$redis->cli('ZADD', $log, map { ($now_ms - 1000, sprintf('%d:%d', $now_ms - 1000, $_)) } 1 .. 6);
+$redis->cli('PEXPIRE', $log, 3_600_000);
+is($q->("SELECT allowed, remaining, source FROM rl_peek('up.log', 'carol', 5)"), 'f|4|redis',
+	'rl_peek reads 0.8.0\'s log of a member per token: 6 taken, 5 more do not fit');
+is($redis->cli('ZCARD', $log), '6', 'a peek writes nothing: still 0.8.0\'s members');
+is($q->("SELECT string_agg(allowed::text || ':' || remaining, ',') FROM "
+		  . "rl_consume_all(ARRAY['up.log', 'up.two'], ARRAY['carol', 'carol'], ARRAY[5, 1])"),
+	'false:4,false:10', 'rl_consume_all reads it too: a cost of 5 denies the group');
+is($q->("SELECT allowed, remaining FROM rl_consume('up.log', 'carol', 4)"), 't|0', 'rl_consume of 4: granted, 0 left');
+is($redis->cli('ZCARD', $log), '2', 'written anew: one member holding the 6, one for the 4');
+is($q->("SELECT allowed FROM rl_consume('up.log', 'carol', 1)"), 'f', 'and full it stays');
 
 $node->stop;
 done_testing();

@@ -13,6 +13,7 @@
 #   Decision.pm    decision SQL and parsing, consume, quote_literal, sqlstate_of
 #   Session.pm     RateLimitTest::Session, a psql session that stays open
 #   Redis.pm       RateLimitTest::Redis, a private redis-server
+#   RespClient.pm  RateLimitTest::RespClient, a RESP connection: typed replies, pipelines
 #   FakeRedis.pm   RateLimitTest::FakeRedis, a fake RESP server for hostile replies
 #   DelayProxy.pm  RateLimitTest::DelayProxy, a TCP proxy that delays bytes
 #   Certs.pm       RateLimitTest::Certs, certificates made with openssl for TLS

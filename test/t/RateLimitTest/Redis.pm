@@ -17,6 +17,7 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 
 use RateLimitTest::Children ();
+use RateLimitTest::RespClient;
 
 # Starts redis-server as the current user on 127.0.0.1 and a free port, with a
 # unix socket too, no persistence. Options: name, password (requirepass),
@@ -200,6 +201,15 @@ sub cli
 	die "redis-cli @args failed: $err" if $status != 0;
 	chomp $out;
 	return $out;
+}
+
+# A RESP connection to the server (RateLimitTest::RespClient): typed replies, pipelines.
+# The default user's password only, and no TLS.
+sub client
+{
+	my ($self) = @_;
+	die 'RateLimitTest::Redis::client speaks plain TCP only' if $self->{tls} || $self->{cli_user};
+	return RateLimitTest::RespClient->new(port => $self->{port}, password => $self->{password});
 }
 
 # Every key of database db (default 0), sorted.
