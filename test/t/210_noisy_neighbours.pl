@@ -1,0 +1,269 @@
+
+# The noisy-neighbour suite: one role's own work, however big or slow, never changes what
+# another role gets. Each row runs an attack beside two victims, a session deciding on
+# another policy and one deciding on a hot subject (with an allowance), and compares them
+# with a control run, in which the attacker does the same amount of work touching nothing
+# shared (the same batch over other subjects, the same transaction committed instead of
+# rolled back, ...). The victims decide exactly as in the control (the same sources and
+# answers, the same number of grants where it is fixed), with latency within 2x of the
+# control's plus a few ms (two shared cores: CPU contention alone moves latency; what the
+# suite measures is what the shared mechanisms add), and the breaker stays closed.
+# Every shared mechanism has its row here: the breaker (rollbacks, commits, batches, scripts
+# at their bounds, cancel and terminate storms, a slow role), tickets of slices (a batch
+# naming a hot subject), the deny cache and the local buckets (crafted collisions), and the
+# scripts Redis runs for everyone (the sliding log at its bounds, groups of 32 checks).
+
+use strict;
+use warnings;
+
+use List::Util qw(max);
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time usleep);
+
+use RateLimitTest;
+
+my $redis = redis_start(name => 'noisy');
+# A breaker that opened would stay open for retry_interval: the victims go on that long
+# after the attack.
+my $retry_ms = 500;
+my $node = rl_node('noisy', redis => $redis, max_connections => 40,
+	conf => ["ratelimit.retry_interval = '${retry_ms}ms'"]);
+
+$node->safe_psql('postgres', q{
+	SELECT rl_define('nn.victim', 1000000, per => '1 hour');
+	SELECT rl_define('nn.hot', 1000000, per => '1 hour', allowance => 1000);
+	SELECT rl_define('nn.att', 1000000000, per => '1 hour');
+	SELECT rl_define('nn.ctl', 1000000000, per => '1 hour');
+	SELECT rl_define('nn.log', 10000, per => '1 day', algorithm => 'sliding_log');
+	SELECT rl_define('nn.small', 2, per => '1 hour');
+	INSERT INTO rl_policy (name, algorithm, capacity, idle_ttl) VALUES ('nn.lease', 'concurrency', 1000000, '1 hour');
+	CREATE TABLE nn_done (run text PRIMARY KEY, at timestamptz NOT NULL);
+	-- A victim: decisions one after the other (2 ms apart) until 0.6 s after the attack
+	-- ended (past the breaker's retry_interval, so that a breaker it opened is seen); what
+	-- it got, as 'source/allowed=count' sorted, and its latency's median and 95th percentile.
+	CREATE FUNCTION nn_victim(p text, s text, run text) RETURNS text LANGUAGE plpgsql AS $$
+	DECLARE
+		t0 timestamptz;
+		d rl_decision;
+		lat float8[] := '{}';
+		kinds text[] := '{}';
+		done_at timestamptz;
+	BEGIN
+		LOOP
+			t0 := clock_timestamp();
+			SELECT * INTO d FROM rl_consume(p, s);
+			lat := lat || extract(epoch FROM clock_timestamp() - t0) * 1000;
+			kinds := kinds || (d.source || '/' || d.allowed);
+			SELECT at INTO done_at FROM nn_done WHERE nn_done.run = nn_victim.run;
+			EXIT WHEN done_at IS NOT NULL AND clock_timestamp() > done_at + interval '0.6 s';
+			PERFORM pg_sleep(0.002);
+		END LOOP;
+		RETURN (SELECT string_agg(k || '=' || c, ',' ORDER BY k)
+		        FROM (SELECT k, count(*) AS c FROM unnest(kinds) k GROUP BY k) g)
+		    || '|' || (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY l) FROM unnest(lat) l)
+		    || '|' || (SELECT percentile_cont(0.95) WITHIN GROUP (ORDER BY l) FROM unnest(lat) l);
+	END $$;
+	CREATE TABLE nn_rows (tenant text);
+	CREATE TABLE nn_rows_ctl (tenant text);
+	CREATE TRIGGER charge AFTER INSERT ON nn_rows REFERENCING NEW TABLE AS new_rows
+		FOR EACH STATEMENT EXECUTE FUNCTION rl_limit_trigger('nn.att', 'tenant');
+	CREATE TRIGGER charge AFTER INSERT ON nn_rows_ctl REFERENCING NEW TABLE AS new_rows
+		FOR EACH STATEMENT EXECUTE FUNCTION rl_limit_trigger('nn.ctl', 'tenant');
+	CREATE ROLE attacker LOGIN;
+	GRANT EXECUTE ON FUNCTION rl_consume(text, text, bigint), rl_reserve(text, text, bigint),
+		rl_acquire(text, text, text), rl_consume_many(text, text[], bigint[]),
+		rl_consume_all(text[], text[], bigint[]), rl_refund(text, text, bigint) TO attacker;
+	GRANT INSERT ON nn_rows, nn_rows_ctl, nn_done TO attacker;
+});
+
+my $runs = 0;
+
+# Runs attack (SQL for the attacker's session, a role with only the manual's grants) beside
+# the two victims; returns their summaries { other => [kinds, median, p95], hot => [...] }.
+# setup: SQL every session runs first (superuser settings are set as the superuser).
+sub run_beside
+{
+	my ($attack, %opt) = @_;
+	my $run = 'run' . ++$runs;
+	my %victim = (other => [ 'nn.victim', 'v_other' ], hot => [ 'nn.hot', 'hot_1' ]);
+	my %sessions = map { $_ => session($node) } keys %victim;
+	foreach my $name (keys %victim)
+	{
+		$sessions{$name}->query_ok($opt{setup}) if $opt{setup};
+		$sessions{$name}->start_query(sprintf("SELECT nn_victim('%s', '%s', '%s')", @{ $victim{$name} }, $run));
+	}
+	my $attacker = session($node, user => $opt{as} // 'attacker');
+	$attacker->query_ok($opt{setup}) if $opt{setup} && $opt{as};
+	usleep(100_000);    # the victims have begun
+	$attacker->start_query($attack);
+	$opt{during}->() if $opt{during};
+	my ($out, $err) = $attacker->wait_result(300);
+	$node->safe_psql('postgres', "INSERT INTO nn_done VALUES ('$run', clock_timestamp())");
+	my %result;
+	foreach my $name (keys %victim)
+	{
+		my ($summary) = $sessions{$name}->wait_result(120);
+		my ($kinds, $median, $p95) = split /\|/, $summary // '';
+		$result{$name} = [ $kinds // '', $median // 1e9, $p95 // 1e9 ];
+		$sessions{$name}->quit;
+	}
+	$attacker->quit;
+	$result{attack_err} = $err;
+	return \%result;
+}
+
+# The kinds of answers, without their counts: 'redis/t' (a victim's counts follow the time it ran).
+sub kinds_of
+{
+	my ($kinds) = @_;
+	return join ',', map { (split /=/)[0] } split /,/, $kinds;
+}
+
+# Runs a row: control and attack, then compares the victims.
+sub row
+{
+	my ($name, $control, $attack, %opt) = @_;
+	my $started = time;
+	my $ctl = run_beside($control, %opt);
+	my $middle = time;
+	my $att = run_beside($attack, %opt);
+	note sprintf('%s: control %.1f s, attack %.1f s', $name, $middle - $started, time - $middle);
+	foreach my $victim (qw(other hot))
+	{
+		my ($ck, $cm, $c95) = @{ $ctl->{$victim} };
+		my ($ak, $am, $a95) = @{ $att->{$victim} };
+		note sprintf('%s: %s victim: control %s, median %.2f ms, p95 %.2f ms; attack %s, median %.2f ms, p95 %.2f ms',
+			$name, $victim, $ck, $cm, $c95, $ak, $am, $a95);
+		is(kinds_of($ak), kinds_of($ck), "$name: the $victim victim decides as in the control ("
+			  . kinds_of($ck) . ')');
+		cmp_ok($am, '<=', 2 * $cm + 5, "$name: the $victim victim's median latency within 2x + 5 ms of the control's");
+		cmp_ok($a95, '<=', 2 * $c95 + 20, "$name: the $victim victim's 95th percentile within 2x + 20 ms of the control's");
+	}
+	my ($breaker) = $node->safe_psql('postgres', 'SELECT breaker FROM rl_health()');
+	is($breaker, 'closed', "$name: the breaker is closed");
+	return ($ctl, $att);
+}
+
+# A statement over n subjects named prefix || g.
+sub subjects_sql { my ($prefix, $n) = @_; return "ARRAY(SELECT '$prefix' || g FROM generate_series(1, $n) g)" }
+
+###
+### The breaker: a rollback of 20,000 reservations (their refunds in one pipeline) with
+### default settings: every refund done, no one else's decision to the fail mode.
+###
+row('rollback of 20,000 reservations',
+	q{BEGIN; SELECT count(*) FROM generate_series(1, 20000) g, LATERAL rl_reserve('nn.ctl', 'rc' || g) r; COMMIT;},
+	q{BEGIN; SELECT count(*) FROM generate_series(1, 20000) g, LATERAL rl_reserve('nn.att', 'ra' || g) r; ROLLBACK;});
+is($node->safe_psql('postgres',
+		q{SELECT count(*) FROM generate_series(1, 20000) g, LATERAL rl_peek('nn.att', 'ra' || g) p WHERE p.remaining = p.capacity}),
+	'20000', 'rollback of 20,000 reservations: every one refunded');
+
+###
+### Leases: 20,000 transaction-scope leases released at COMMIT.
+###
+row('commit releasing 20,000 leases',
+	q{SELECT count(*) FROM generate_series(1, 20000) g, LATERAL rl_consume('nn.ctl', 'lc' || g) r;},
+	q{BEGIN; SELECT count(*) FROM generate_series(1, 20000) g, LATERAL rl_acquire('nn.lease', 'la' || g, 'transaction') r; COMMIT;});
+is($node->safe_psql('postgres',
+		q{SELECT count(*) FROM generate_series(1, 20000) g, LATERAL rl_peek('nn.lease', 'la' || g) p WHERE p.remaining = p.capacity}),
+	'20000', 'commit releasing 20,000 leases: every one released');
+
+###
+### Tickets: a batch of 100,000 that names the hot subject 40 times first holds no fetch of
+### its slice; the victim on that subject is not held up.
+###
+row('a 100,000-element batch naming the hot subject first',
+	'SELECT count(*) FROM rl_consume_many(\'nn.hot\', ' . subjects_sql('bc', 100000) . ')',
+	'SELECT count(*) FROM rl_consume_many(\'nn.hot\', array_fill(\'hot_1\'::text, ARRAY[40]) || '
+	  . subjects_sql('ba', 99960) . ')');
+
+###
+### A statement trigger over 100,000 rows, rolled back: 100,000 charges in one batch, and as
+### many refunds at the rollback.
+###
+row('a statement trigger over 100,000 rows, rolled back',
+	q{BEGIN; INSERT INTO nn_rows_ctl SELECT 'tc' || g FROM generate_series(1, 100000) g; COMMIT;},
+	q{BEGIN; INSERT INTO nn_rows SELECT 'ta' || g FROM generate_series(1, 100000) g; ROLLBACK;});
+
+###
+### The scripts Redis runs for everyone, at their bounds: a sliding log of capacity 10,000
+### taken 40 times 3,990 in one batch and then filled by cost-1 takes, refunds of 3,333,
+### and groups of 32 checks; the control runs as many lean token-bucket takes.
+###
+row('the sliding log at its bounds',
+	'SELECT count(*) FROM rl_consume_many(\'nn.ctl\', ' . subjects_sql('lc', 40) . ', array_fill(3990::bigint, ARRAY[40]));'
+	  . q{ SELECT allowed FROM rl_consume('nn.ctl', 'lc_full', 10000);}
+	  . q{ SELECT count(*) FROM generate_series(1, 900) g, LATERAL rl_consume('nn.ctl', 'lc_full') r;}
+	  . q{ SELECT count(*) FROM generate_series(1, 20) g, LATERAL rl_consume('nn.ctl', 'lc_ref' || g, 5000) r;},
+	'SELECT count(*) FROM rl_consume_many(\'nn.log\', ' . subjects_sql('la', 40) . ', array_fill(3990::bigint, ARRAY[40]));'
+	  . q{ SELECT allowed FROM rl_consume('nn.log', 'la_full', 10000);}
+	  . q{ SELECT count(*) FROM generate_series(1, 900) g, LATERAL rl_consume('nn.log', 'la_full') r;}
+	  . q{ SELECT count(*) FROM generate_series(1, 20) g, LATERAL rl_consume('nn.log', 'la_ref' || g, 5000) r,}
+	  . q{ LATERAL rl_refund('nn.log', 'la_ref' || g, 3333) f;});
+row('groups of 32 checks',
+	q{SELECT count(*) FROM generate_series(1, 6400) g, LATERAL rl_consume('nn.ctl', 'gc' || g) r;},
+	q{SELECT count(*) FROM generate_series(1, 200) g, LATERAL rl_consume_all(array_fill('nn.log'::text, ARRAY[32]), }
+	  . q{ARRAY(SELECT 'ga' || g || '/' || k FROM generate_series(1, 32) k), array_fill(100::bigint, ARRAY[32])) r;});
+
+###
+### A role's own short deadline: its calls fail (its fail mode), no one else's.
+###
+row('a role with a 1 ms command_timeout',
+	q{SELECT count(*) FROM generate_series(1, 1000) g, LATERAL rl_consume('nn.ctl', 'sc' || (g % 100)) r;},
+	q{SET ratelimit.command_timeout = '1ms'; SELECT count(*) FROM generate_series(1, 1000) g, LATERAL rl_consume('nn.att', 'sa' || (g % 100)) r;});
+
+###
+### Cancel and terminate storms: batches cancelled and backends terminated mid-call, again
+### and again; the control runs the same batches to the end.
+###
+my $storm_batch = 'SELECT count(*) FROM rl_consume_many(\'nn.att\', ' . subjects_sql('cs', 50000) . ')';
+{
+	my @storm = map { session($node, user => 'attacker') } 1 .. 3;
+	my $cancels = 0;
+	my $storm = sub {
+		# Three sessions start big batches; each is cancelled or terminated after 40 ms.
+		for my $round (1 .. 6)
+		{
+			my @victims = map { session($node, user => 'attacker') } 1 .. 2;
+			$_->start_query("BEGIN; SELECT count(*) FROM generate_series(1, 5000) g, LATERAL rl_reserve('nn.att', 'ts' || g) r; $storm_batch; ROLLBACK")
+			  for @victims;
+			usleep(40_000 + 30_000 * ($round % 3));
+			$node->safe_psql('postgres', 'SELECT pg_cancel_backend(' . $victims[0]->pid . ')');
+			$node->safe_psql('postgres', 'SELECT pg_terminate_backend(' . $victims[1]->pid . ')');
+			$cancels++;
+			$_->quit for @victims;
+		}
+	};
+	row('cancel and terminate storms', $storm_batch, $storm_batch, during => $storm);
+	$_->quit for @storm;
+	note "cancel and terminate storms: $cancels rounds of a cancel and a terminate";
+}
+
+###
+### Crafted collisions: with the hash that places subjects cut to 2 bits, a quarter of all
+### subjects share each slot's place; the attacker's denials are remembered there, and the
+### victim, on the same small policy, is still granted its own 2 tokens, by Redis.
+###
+{
+	my $bits = q{SET ratelimit.test_local_key_bits = 2};
+	my $victim = session($node);
+	$victim->query_ok($bits);
+	my $attacker = session($node);
+	$attacker->query_ok($bits);
+	# Forty subjects denied (each exhausted, then denied again: remembered; they evict each
+	# other from the few places they share, the last one stays).
+	$attacker->query_ok(q{SELECT count(*) FROM generate_series(1, 40) g, LATERAL rl_consume('nn.small', 'crafted' || g, 2) r});
+	$attacker->query_ok(q{SELECT count(*) FROM generate_series(1, 40) g, LATERAL rl_consume('nn.small', 'crafted' || g, 1) r});
+	is($attacker->query_ok(q{SELECT source FROM rl_consume('nn.small', 'crafted40')}), 'deny_cache',
+		'crafted collisions: the attacker\'s denials are remembered');
+	my @got = map { $victim->consume('nn.small', 'collided_victim') } 1 .. 3;
+	is_deeply([ map { "$_->{source}/$_->{allowed}" } @got ], [ 'redis/t', 'redis/t', 'redis/f' ],
+		'crafted collisions: the victim gets its own 2 tokens from Redis, then its own denial');
+	$_->quit for $victim, $attacker;
+}
+
+is($node->safe_psql('postgres', 'SELECT pg_postmaster_start_time() = pg_postmaster_start_time()'), 't',
+	'the server is up');
+done_testing();
