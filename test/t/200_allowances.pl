@@ -243,5 +243,28 @@ is($waiter->query_ok(q{SELECT allowed || ' ' || source FROM rl_consume('al.wait'
 cmp_ok(time - $asked_at, '<', 2, 'at once: the failed fetch ended with its take');
 $waiter->quit;
 
+###
+### A hot subject over its limit (its tokens trickle in far slower than it is asked): an
+### allowance costs no more Redis calls than none. A take that waited for another
+### backend's fetch tries the new slice, then the denial that fetch met, before it asks
+### Redis (0.8.0 asked, or fetched again: the takes queued behind one fetch after another).
+###
+$nodes[0]->safe_psql('postgres', q{
+	INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, allowance, allowance_ttl)
+	VALUES ('al.limit', 20, 2000, '1 s', 20, '1 s'), ('al.limit_plain', 20, 2000, '1 s', NULL, '1 s');
+});
+my %at_limit;
+foreach my $policy (qw(al.limit_plain al.limit))
+{
+	my $before = evalsha();
+	my $run = hammer($nodes[0], $policy, 16, 300);
+	ok(eval { $run->{handle}->finish }, "$policy: pgbench exits 0");
+	$at_limit{$policy} = (evalsha() - $before) / (16 * 300);
+}
+note sprintf('a hot subject at its limit: %.3f Redis calls per decision with an allowance, %.3f without',
+	$at_limit{'al.limit'}, $at_limit{'al.limit_plain'});
+cmp_ok($at_limit{'al.limit'}, '<=', 1.1 * $at_limit{'al.limit_plain'} + 0.02,
+	'a hot subject at its limit: an allowance costs no more Redis calls per decision than none');
+
 $_->stop foreach @nodes;
 done_testing();
