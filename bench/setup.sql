@@ -21,6 +21,11 @@ INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, idle_ttl, a
 -- One token a day, taken at setup: every later decision is a denial (the deny cache's).
 INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES
     ('bench.denied', 1, 1, '1 day');
+-- A hot subject over its limit: its tokens trickle in (1,000 a second) far slower than the
+-- clients ask, with and without an allowance of 20.
+INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, allowance, allowance_ttl) VALUES
+    ('bench.limit_allowance', 100, 1000, '1 second', 20, '1 second'),
+    ('bench.limit', 100, 1000, '1 second', NULL, '1 second');
 
 -- The baseline: the same token bucket as a user would write it without the extension,
 -- one row per subject in a logged table, locked, refilled pro rata and updated.
