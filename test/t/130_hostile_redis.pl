@@ -203,6 +203,8 @@ $h->query_ok("SET ratelimit.command_timeout = '${timeout_ms}ms'");
 # (3a''') A slice's reply that claims more tokens than were asked for (an allowance's
 # slice asks for at most 2 here): refused, never held as a slice of a million. The fake
 # grants takes (sha, 1, key and 6 numbers) and answers slices (7 numbers) with a million.
+# Slices are the server's, for the server's Redis (a session with a URL of its own takes
+# none): the fake is the server's Redis for a while.
 {
 	my $fake = fake_redis_start(
 		reply => sub {
@@ -210,15 +212,24 @@ $h->query_ok("SET ratelimit.command_timeout = '${timeout_ms}ms'");
 			return "-ERR unexpected\r\n" unless $command eq 'EVALSHA';
 			return @args == 10 ? "*4\r\n:1000000\r\n:0\r\n:0\r\n:0\r\n" : "*4\r\n:1\r\n:999\r\n:0\r\n:0\r\n";
 		});
-	set_url($h, $fake->url);
-	my $d = $h->consume('h.allowance', $subject{slice});
+	$node->safe_psql('postgres', 'ALTER SYSTEM SET ratelimit.redis_url = ' . quote_literal($fake->url));
+	$node->reload;
+	$node->poll_query_until('postgres', q{SELECT current_setting('ratelimit.redis_url') LIKE '%:} . $fake->port . q{'})
+	  or die 'the fake is not the server\'s Redis';
+	my $s = session($node, options => "-c ratelimit.command_timeout=${timeout_ms}ms");
+	my $d = $s->consume('h.allowance', $subject{slice});
 	is("$d->{allowed} $d->{source}", 't redis', "(3a''') a take: granted");
-	is_fail_mode($h->consume('h.allowance', $subject{slice}), 'h.allowance',
+	is_fail_mode($s->consume('h.allowance', $subject{slice}), 'h.allowance',
 		"(3a''') the slice of a million");
-	is($h->query(q{SELECT redis_errors->>'protocol' FROM rl_stats WHERE policy = 'h.allowance'}), '1',
+	is($s->query(q{SELECT redis_errors->>'protocol' FROM rl_stats WHERE policy = 'h.allowance'}), '1',
 		"(3a''') counted in rl_stats as a protocol error");
-	isnt($h->consume('h.allowance', $subject{slice})->{source}, 'allowance',
+	isnt($s->consume('h.allowance', $subject{slice})->{source}, 'allowance',
 		"(3a''') and nothing is granted from it");
+	$s->quit;
+	$node->safe_psql('postgres', 'ALTER SYSTEM RESET ratelimit.redis_url');
+	$node->reload;
+	$node->poll_query_until('postgres', q{SELECT current_setting('ratelimit.redis_url') NOT LIKE '%:} . $fake->port . q{'})
+	  or die 'the real Redis is not the server\'s again';
 	$fake->stop;
 }
 
