@@ -156,25 +156,25 @@ sub row
 sub subjects_sql { my ($prefix, $n) = @_; return "ARRAY(SELECT '$prefix' || g FROM generate_series(1, $n) g)" }
 
 ###
-### The breaker: a rollback of 50,000 reservations (their refunds in one pipeline) with
+### The breaker: a rollback of 30,000 reservations (their refunds in one pipeline) with
 ### default settings: every refund done, no one else's decision to the fail mode.
 ###
-row('rollback of 50,000 reservations',
-	q{BEGIN; SELECT count(*) FROM generate_series(1, 50000) g, LATERAL rl_reserve('nn.ctl', 'rc' || g) r; COMMIT;},
-	q{BEGIN; SELECT count(*) FROM generate_series(1, 50000) g, LATERAL rl_reserve('nn.att', 'ra' || g) r; ROLLBACK;});
+row('rollback of 30,000 reservations',
+	q{BEGIN; SELECT count(*) FROM generate_series(1, 30000) g, LATERAL rl_reserve('nn.ctl', 'rc' || g) r; COMMIT;},
+	q{BEGIN; SELECT count(*) FROM generate_series(1, 30000) g, LATERAL rl_reserve('nn.att', 'ra' || g) r; ROLLBACK;});
 is($node->safe_psql('postgres',
-		q{SELECT count(*) FROM generate_series(1, 50000) g, LATERAL rl_peek('nn.att', 'ra' || g) p WHERE p.remaining = p.capacity}),
-	'50000', 'rollback of 50,000 reservations: every one refunded');
+		q{SELECT count(*) FROM generate_series(1, 30000) g, LATERAL rl_peek('nn.att', 'ra' || g) p WHERE p.remaining = p.capacity}),
+	'30000', 'rollback of 30,000 reservations: every one refunded');
 
 ###
-### Leases: 20,000 transaction-scope leases released at COMMIT.
+### Leases: 10,000 transaction-scope leases released at COMMIT.
 ###
-row('commit releasing 20,000 leases',
-	q{SELECT count(*) FROM generate_series(1, 20000) g, LATERAL rl_consume('nn.ctl', 'lc' || g) r;},
-	q{BEGIN; SELECT count(*) FROM generate_series(1, 20000) g, LATERAL rl_acquire('nn.lease', 'la' || g, 'transaction') r; COMMIT;});
+row('commit releasing 10,000 leases',
+	q{SELECT count(*) FROM generate_series(1, 10000) g, LATERAL rl_consume('nn.ctl', 'lc' || g) r;},
+	q{BEGIN; SELECT count(*) FROM generate_series(1, 10000) g, LATERAL rl_acquire('nn.lease', 'la' || g, 'transaction') r; COMMIT;});
 is($node->safe_psql('postgres',
-		q{SELECT count(*) FROM generate_series(1, 20000) g, LATERAL rl_peek('nn.lease', 'la' || g) p WHERE p.remaining = p.capacity}),
-	'20000', 'commit releasing 20,000 leases: every one released');
+		q{SELECT count(*) FROM generate_series(1, 10000) g, LATERAL rl_peek('nn.lease', 'la' || g) p WHERE p.remaining = p.capacity}),
+	'10000', 'commit releasing 10,000 leases: every one released');
 
 ###
 ### Tickets: a batch of 100,000 that names the hot subject 40 times first holds no fetch of
@@ -227,7 +227,7 @@ row('a role with a 1 ms command_timeout',
 ### Cancel and terminate storms: batches cancelled and backends terminated mid-call, again
 ### and again; the control runs the same batches to the end.
 ###
-my $storm_batch = 'SELECT count(*) FROM rl_consume_many(\'nn.att\', ' . subjects_sql('cs', 50000) . ')';
+my $storm_batch = 'SELECT count(*) FROM rl_consume_many(\'nn.att\', ' . subjects_sql('cs', 20000) . ')';
 {
 	my @storm = map { session($node, user => 'attacker') } 1 .. 3;
 	my $cancels = 0;
