@@ -1,0 +1,42 @@
+/*
+ * fakes.c
+ *	  The project's own functions below the fuzzed files (base/secret.c,
+ *	  redis/tls.c), standing in for them outside a server: they answer as a
+ *	  server with no secrets configured and default TLS settings would.
+ */
+#include "prelude.h"
+
+#include "base/secret.h"
+#include "redis/tls.h"
+
+/* Any source may set a URL with a password (the check is secret.c's, not fuzzed here). */
+bool
+secret_source_allowed(const char *name, GucSource source)
+{
+	return true;
+}
+
+void
+secret_refused(const char *name, GucSource source)
+{
+}
+
+void
+secret_accepted(const char *name)
+{
+}
+
+/* No ratelimit.sentinel_password_file: sentinels are asked without AUTH. */
+bool
+secret_sentinel_password(const char **password, const char **problem)
+{
+	*password = NULL;
+	return true;
+}
+
+/* The TLS settings never change here. */
+uint32
+tls_settings_generation(void)
+{
+	return 0;
+}
