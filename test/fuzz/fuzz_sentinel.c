@@ -3,8 +3,8 @@
  *	  Fuzz target: sentinel_find_master, with sentinels that answer whatever
  *	  the fuzzer says, through the real exchange.c (reply buffers, scans
  *	  resumed as bytes arrive) and the static found_master reading each reply.
- *	  A master found has a host and a port in range; a search that finds none
- *	  says why. What the backend sends is well-formed commands.
+ *	  A master found has a host (not empty) and a port in range; a search
+ *	  that finds none says why. What the backend sends is well-formed commands.
  *
  * Fuzzed through the public function rather than found_master alone: stream.c
  * is the only thing faked (below), so the replies take the path they take
@@ -138,7 +138,7 @@ find_master(const RedisUrl *url)
 	memset(&failure, 0, sizeof(failure));
 	if (sentinel_find_master(url, 1000, 0, &master, &failure))
 	{
-		FUZZ_CHECK(master.host != NULL && strlen(master.host) < 256);
+		FUZZ_CHECK(master.host != NULL && master.host[0] != '\0' && strlen(master.host) < 256);
 		FUZZ_CHECK(master.port >= 1 && master.port <= 65535);
 	}
 	else
