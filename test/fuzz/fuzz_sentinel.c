@@ -12,8 +12,10 @@
  * arrive (its low seven bits: how many per read, 127 for 16384; its high
  * bit: the sentinel closes the connection once it has said everything,
  * else it goes silent until the deadline), then what the sentinels send, to
- * one connection after the other. Each input asks twice, the second time on
- * the connection kept from the first when it is.
+ * one connection after the other: a reply is sent once its command has come
+ * (the bytes of a reply that is not whole, once any command has). Each input
+ * asks twice, the second time on the connection kept from the first when it
+ * is.
  */
 #include "prelude.h"
 
@@ -32,9 +34,10 @@ static const char *const urls[] = {
 	"rediss-sentinel://s1,s2/cache-7?db=3",
 };
 
-/* What the fake sentinels send, and how. */
+/* What the fake sentinels send, and how; tape[0 .. sendable) answers the commands come. */
 static const uint8_t *tape;
 static size_t tape_left;
+static size_t sendable;
 static size_t read_size;
 static bool close_at_end;
 static int	input_number = 0;	/* opening in an earlier input: closed meanwhile */
@@ -49,6 +52,7 @@ stream_open(RedisStream *stream, const RedisEndpoint *endpoint, bool tls, int ti
 	FUZZ_CHECK(endpoint->port >= 1 && endpoint->port <= 65535);
 	stream->socket.sock = 1;
 	stream->socket.event = input_number;
+	sendable = 0;
 	stream->use_tls = tls;
 	*connect_deadline = deadline;
 	return true;
@@ -73,14 +77,29 @@ stream_close(RedisStream *stream)
 	stream->socket.sock = PGINVALID_SOCKET;
 }
 
-/* Readable while the tape has bytes (or will say it closed); else the deadline passes. */
+/* Readable while replies are due (or the sentinel closes); else the deadline passes. */
 uint32
 stream_wait(RedisStream *stream, uint32 events, int64 deadline)
 {
 	FUZZ_CHECK(stream_is_open(stream));
-	if (tape_left > 0 || close_at_end)
+	if (sendable > 0 || (close_at_end && tape_left == 0))
 		return events & (WL_SOCKET_READABLE | WL_SOCKET_WRITEABLE);
 	return 0;
+}
+
+/* One more reply is due: the next whole one on the tape, or the rest of it. */
+static void
+reply_due(void)
+{
+	RespScanner scanner;
+	size_t		length;
+
+	resp_scanner_start(&scanner);
+	if (resp_scan(&scanner, (const char *) tape + sendable, tape_left - sendable,
+				  &length) == RESP_COMPLETE)
+		sendable += length;
+	else
+		sendable = tape_left;
 }
 
 /* Takes every byte, and checks they are whole commands: arrays of bulk strings. */
@@ -106,18 +125,19 @@ stream_send(RedisStream *stream, const char *data, size_t length)
 		while (resp_next(&arguments, &argument))
 			FUZZ_CHECK(argument.type == RESP_BULK && !argument.null);
 		at += command_length;
+		reply_due();
 	}
 	return length;
 }
 
-/* Gives the next bytes of the tape, at most read_size; 0 (closed) at its end. */
+/* Gives the next bytes due, at most read_size; 0 (closed) at the tape's end. */
 ssize_t
 stream_receive(RedisStream *stream, char *buffer, size_t length)
 {
-	size_t		n = Min(Min(length, read_size), tape_left);
+	size_t		n = Min(Min(length, read_size), sendable);
 
 	FUZZ_CHECK(stream_is_open(stream));
-	if (n == 0 && !close_at_end)
+	if (n == 0 && !(close_at_end && tape_left == 0))
 	{
 		errno = EAGAIN;
 		return -1;
@@ -125,6 +145,7 @@ stream_receive(RedisStream *stream, char *buffer, size_t length)
 	memcpy(buffer, tape, n);
 	tape += n;
 	tape_left -= n;
+	sendable -= n;
 	return n;
 }
 
