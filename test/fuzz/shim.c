@@ -2,7 +2,7 @@
  * shim.c
  *	  The few parts of a PostgreSQL backend that the fuzz targets' source files
  *	  use, outside a server: memory contexts and palloc over malloc, StringInfo,
- *	  ereport and PG_TRY, assertions, and string settings with their hooks.
+ *	  ereport and PG_TRY, assertions, and settings (strings with their hooks).
  *
  * Each palloc'd chunk is its own malloc of the exact size asked, so that
  * AddressSanitizer sees a read one byte past it. A chunk is recorded with its
@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "access/xact.h"
 #include "lib/stringinfo.h"
 #include "miscadmin.h"
 #include "nodes/memnodes.h"
@@ -465,6 +466,22 @@ DefineCustomStringVariable(const char *name, const char *short_desc, const char 
 	*valueAddr = NULL;
 	if (!shim_set_string_setting(name, bootValue))
 		shim_fail("the boot value of %s is refused", name);
+}
+
+/* Defines an integer setting: it keeps its boot value (no target sets one). */
+void
+DefineCustomIntVariable(const char *name, const char *short_desc, const char *long_desc,
+						int *valueAddr, int bootValue, int minValue, int maxValue,
+						GucContext context, int flags, GucIntCheckHook check_hook,
+						GucIntAssignHook assign_hook, GucShowHook show_hook)
+{
+	*valueAddr = bootValue;
+}
+
+/* No transaction ever ends outside a server: the callback is never called. */
+void
+RegisterXactCallback(XactCallback callback, void *arg)
+{
 }
 
 /*
