@@ -44,6 +44,7 @@ stream_open(RedisStream *stream, const RedisEndpoint *endpoint, bool tls, int ti
 	return true;
 }
 
+/* True while the fake connection is open. */
 bool
 stream_is_open(const RedisStream *stream)
 {
@@ -57,6 +58,7 @@ stream_idle_and_open(RedisStream *stream)
 	return stream_is_open(stream) && stream->socket.event == input_number;
 }
 
+/* Closes the fake connection. */
 void
 stream_close(RedisStream *stream)
 {

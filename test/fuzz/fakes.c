@@ -17,11 +17,13 @@ secret_source_allowed(const char *name, GucSource source)
 	return true;
 }
 
+/* Never called: every source is allowed. */
 void
 secret_refused(const char *name, GucSource source)
 {
 }
 
+/* Nothing to note: no secret file is read here. */
 void
 secret_accepted(const char *name)
 {

@@ -114,6 +114,7 @@ redirect(const uint8_t *data, size_t length, int from_node)
 
 int			LLVMFuzzerTestOneInput(const uint8_t *input, size_t size);
 
+/* One input: a URL, then slot maps and redirects in the order given. */
 int
 LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
 {

@@ -62,6 +62,7 @@ open_node(void)
 
 int			LLVMFuzzerTestOneInput(const uint8_t *input, size_t size);
 
+/* One input: a URL, how bytes arrive, what the servers answer. */
 int
 LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
 {

@@ -38,6 +38,7 @@ kind_of_error_reply(RedisFailureKind kind)
 
 int			LLVMFuzzerTestOneInput(const uint8_t *input, size_t size);
 
+/* One input: the text of an error reply. */
 int
 LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
 {

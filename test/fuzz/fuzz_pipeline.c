@@ -36,10 +36,13 @@ static const char *const urls[] = {
 };
 
 /* Two scripts: a take, and a peek with its shebang and the same without it. */
-static const LuaScript peek_plain = {"peek (plain)", "return {1}", "1111111111111111111111111111111111111111"};
+static const LuaScript peek_plain = {
+	"peek (plain)", "return {1}", "1111111111111111111111111111111111111111"
+};
 static const LuaScript scripts[] = {
 	{"take", "return {1, 2, 3, 4}", "0000000000000000000000000000000000000000"},
-	{"peek", "#!lua flags=no-writes\nreturn {1}", "2222222222222222222222222222222222222222", &peek_plain},
+	{"peek", "#!lua flags=no-writes\nreturn {1}", "2222222222222222222222222222222222222222",
+	&peek_plain},
 };
 
 int			deadline_command_timeout_ms = 1000;
@@ -60,6 +63,7 @@ tape_byte(void)
 	return *tape++;
 }
 
+/* Opens a node's connection, or fails to, as the tape says. */
 bool
 connection_open(int node, int64 deadline, bool *opened, RedisFailure *failure)
 {
@@ -75,12 +79,14 @@ connection_open(int node, int64 deadline, bool *opened, RedisFailure *failure)
 	return true;
 }
 
+/* Where the pipeline writes the commands of the exchange under way. */
 StringInfo
 connection_output(void)
 {
 	return &output;
 }
 
+/* A request starts: its commands are written from scratch. */
 void
 connection_begin(int node)
 {
@@ -143,16 +149,19 @@ connection_exchange(int node, int nreplies, int64 deadline, ExchangeReplyHandler
 	return true;
 }
 
+/* The request is complete: nothing to keep here. */
 void
 connection_done(int node)
 {
 }
 
+/* A node that cannot serve: its next opening is a new connection anyway. */
 void
 connection_discard(int node)
 {
 }
 
+/* No connection outlives an input here. */
 void
 connection_close_stale(void)
 {
@@ -179,12 +188,14 @@ connection_script_sent(int node, const LuaScript *script)
 static int	breaker;
 static bool breaker_opened;
 
+/* The one breaker every node shares here. */
 BreakerState *
 breaker_for(const char *node)
 {
 	return (BreakerState *) &breaker;
 }
 
+/* Open (the node skipped) or probing as the tape says. */
 bool
 breaker_begin(BreakerState *state, bool *probing)
 {
@@ -195,23 +206,27 @@ breaker_begin(BreakerState *state, bool *probing)
 	return (byte & 1) == 0;
 }
 
+/* Takes a node's outcome, which must be of a known kind. */
 void
 breaker_end(BreakerState *state, const RedisFailure *failure)
 {
 	FUZZ_CHECK(failure != NULL && failure->kind <= REDIS_FAILURE_REDIRECT);
 }
 
+/* A probe cut off by an error: none is raised here. */
 void
 breaker_abandon(BreakerState *state)
 {
 }
 
+/* No wait: the breaker never stays open. */
 int64
 breaker_retry_after_ms(BreakerState *state)
 {
 	return 0;
 }
 
+/* Closed whenever the slot map is looked for elsewhere. */
 bool
 breaker_is_open(BreakerState *state)
 {
@@ -220,6 +235,7 @@ breaker_is_open(BreakerState *state)
 
 int			LLVMFuzzerTestOneInput(const uint8_t *input, size_t size);
 
+/* One input: a URL, the calls, the tape of breakers, openings and replies. */
 int
 LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
 {

@@ -49,6 +49,7 @@ check_command(const char *data, size_t length, int argc, const char *const *argv
 
 int			LLVMFuzzerTestOneInput(const uint8_t *input, size_t size);
 
+/* One input: the arguments of a command, separated by NULs. */
 int
 LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
 {

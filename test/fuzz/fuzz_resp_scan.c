@@ -162,6 +162,7 @@ compare_sizes(const void *a, const void *b)
 
 int			LLVMFuzzerTestOneInput(const uint8_t *input, size_t size);
 
+/* One input: the control byte, its cuts, the bytes from Redis. */
 int
 LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
 {

@@ -51,6 +51,7 @@ find_master(const RedisUrl *url)
 
 int			LLVMFuzzerTestOneInput(const uint8_t *input, size_t size);
 
+/* One input: a URL, how bytes arrive, what the sentinels answer. */
 int
 LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
 {

@@ -81,6 +81,7 @@ check_url(const char *text, const RedisUrl *url)
 
 int			LLVMFuzzerTestOneInput(const uint8_t *input, size_t size);
 
+/* One input: a URL. */
 int
 LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
 {

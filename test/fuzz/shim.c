@@ -185,6 +185,7 @@ chunk_alloc(MemoryContext context, Size size)
 	return pointer;
 }
 
+/* A context: only its parent and name matter here. */
 MemoryContext
 AllocSetContextCreateInternal(MemoryContext parent, const char *name, Size minContextSize,
 							  Size initBlockSize, Size maxBlockSize)
@@ -192,30 +193,35 @@ AllocSetContextCreateInternal(MemoryContext parent, const char *name, Size minCo
 	return context_create(parent, name);
 }
 
+/* Allocates in a context. */
 void *
 MemoryContextAlloc(MemoryContext context, Size size)
 {
 	return chunk_alloc(context, size);
 }
 
+/* Allocates zeroed memory in a context. */
 void *
 MemoryContextAllocZero(MemoryContext context, Size size)
 {
 	return memset(chunk_alloc(context, size), 0, size);
 }
 
+/* Allocates in the current context. */
 void *
 palloc(Size size)
 {
 	return chunk_alloc(CurrentMemoryContext, size);
 }
 
+/* Allocates zeroed memory in the current context. */
 void *
 palloc0(Size size)
 {
 	return MemoryContextAllocZero(CurrentMemoryContext, size);
 }
 
+/* Frees a chunk; a pointer palloc did not return is a finding. */
 void
 pfree(void *pointer)
 {
@@ -239,6 +245,7 @@ repalloc(void *pointer, Size size)
 	return moved;
 }
 
+/* A copy of a string in a context. */
 char *
 MemoryContextStrdup(MemoryContext context, const char *string)
 {
@@ -247,12 +254,14 @@ MemoryContextStrdup(MemoryContext context, const char *string)
 	return memcpy(chunk_alloc(context, length), string, length);
 }
 
+/* A copy of a string in the current context. */
 char *
 pstrdup(const char *string)
 {
 	return MemoryContextStrdup(CurrentMemoryContext, string);
 }
 
+/* A copy of at most length bytes of a string, NUL-terminated. */
 char *
 pnstrdup(const char *string, Size length)
 {
@@ -296,6 +305,7 @@ shim_copy(const uint8_t *data, size_t size)
 	return memcpy(palloc(size), data, size);
 }
 
+/* Starts an empty buffer in the current context. */
 void
 initStringInfo(StringInfo str)
 {
@@ -304,6 +314,7 @@ initStringInfo(StringInfo str)
 	resetStringInfo(str);
 }
 
+/* Empties a buffer, keeping its room. */
 void
 resetStringInfo(StringInfo str)
 {
@@ -331,6 +342,7 @@ enlargeStringInfo(StringInfo str, int needed)
 	str->maxlen = (int) room;
 }
 
+/* Appends bytes, and keeps the buffer NUL-terminated. */
 void
 appendBinaryStringInfo(StringInfo str, const char *data, int datalen)
 {
@@ -371,12 +383,14 @@ errstart(int elevel, const char *domain)
 	return true;
 }
 
+/* errstart, for a constant level of ERROR or above. */
 bool
 errstart_cold(int elevel, const char *domain)
 {
 	return errstart(elevel, domain);
 }
 
+/* Records the error's SQLSTATE. */
 int
 errcode(int sqlerrcode)
 {
@@ -384,6 +398,7 @@ errcode(int sqlerrcode)
 	return 0;
 }
 
+/* Formats the message (which checks its arguments). */
 int
 errmsg(const char *fmt,...)
 {
@@ -395,6 +410,7 @@ errmsg(const char *fmt,...)
 	return 0;
 }
 
+/* Formats the message of an elog. */
 int
 errmsg_internal(const char *fmt,...)
 {
@@ -416,6 +432,7 @@ errfinish(const char *filename, int lineno, const char *funcname)
 	siglongjmp(*PG_exception_stack, 1);
 }
 
+/* Jumps on to the enclosing PG_TRY. */
 void
 pg_re_throw(void)
 {
@@ -433,6 +450,7 @@ shim_error_caught(void)
 	error_level = error_code = 0;
 }
 
+/* Nothing to prepare: messages are not translated here. */
 void
 pre_format_elog_string(int errnumber, const char *domain)
 {
@@ -451,6 +469,7 @@ format_elog_string(const char *fmt,...)
 	return text;
 }
 
+/* A check hook's SQLSTATE: the refusal alone matters here. */
 void
 GUC_check_errcode(int sqlerrcode)
 {
