@@ -129,30 +129,39 @@ LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
 		defined = true;
 	}
 	shim_begin();
-	/* Each input starts from nothing: another URL starts the nodes again. */
-	FUZZ_CHECK(shim_set_string_setting("ratelimit.redis_url", ""));
-	cluster_prepare();
-	FUZZ_CHECK(shim_set_string_setting("ratelimit.redis_url", urls[input[0] % lengthof(urls)]));
-	cluster_prepare();
-	check_nodes(false);
-
-	while (at + 3 <= size)
+	PG_TRY();
 	{
-		int			kind = input[at] & 3;
-		int			from_node = (input[at] >> 2) % cluster_node_count();
-		size_t		length = Min((size_t) (input[at + 1] | input[at + 2] << 8), size - at - 3);
-		const uint8_t *data = input + at + 3;
-
-		at += 3 + length;
-		if (kind == 0)
-			learn_map(data, length, from_node);
-		else if (kind == 1)
-			redirect(data, length, from_node);
-		else
-			cluster_map_doubt();
+		/* Each input starts from nothing: another URL starts the nodes again. */
+		FUZZ_CHECK(shim_set_string_setting("ratelimit.redis_url", ""));
+		cluster_prepare();
+		FUZZ_CHECK(shim_set_string_setting("ratelimit.redis_url", urls[input[0] % lengthof(urls)]));
+		cluster_prepare();
 		check_nodes(false);
+
+		while (at + 3 <= size)
+		{
+			int			kind = input[at] & 3;
+			int			from_node = (input[at] >> 2) % cluster_node_count();
+			size_t		length = Min((size_t) (input[at + 1] | input[at + 2] << 8), size - at - 3);
+			const uint8_t *data = input + at + 3;
+
+			at += 3 + length;
+			if (kind == 0)
+				learn_map(data, length, from_node);
+			else if (kind == 1)
+				redirect(data, length, from_node);
+			else
+				cluster_map_doubt();
+			check_nodes(false);
+		}
+		check_nodes(true);
 	}
-	check_nodes(true);
+	PG_CATCH();
+	{
+		/* An ERROR with an errcode ends the input, as it would end a statement. */
+		shim_error_caught();
+	}
+	PG_END_TRY();
 	shim_end();
 	return 0;
 }

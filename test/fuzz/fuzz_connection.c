@@ -77,28 +77,37 @@ LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
 		defined = true;
 	}
 	shim_begin();
-	FUZZ_CHECK(shim_set_string_setting("ratelimit.redis_url", ""));
-	cluster_prepare();
-	FUZZ_CHECK(shim_set_string_setting("ratelimit.redis_url", urls[input[0] % lengthof(urls)]));
-	cluster_prepare();
-	fake_stream_start(input + 2, size - 2, (input[1] & 0x7f) == 0x7f ? 16384 : (input[1] & 0x7f) + 1,
-					  (input[1] & 0x80) != 0);
-
-	if (open_node())
+	PG_TRY();
 	{
-		const char *argv[1] = {"PING"};
-		RedisFailure failure = {0};
-		RespType	type;
+		FUZZ_CHECK(shim_set_string_setting("ratelimit.redis_url", ""));
+		cluster_prepare();
+		FUZZ_CHECK(shim_set_string_setting("ratelimit.redis_url", urls[input[0] % lengthof(urls)]));
+		cluster_prepare();
+		fake_stream_start(input + 2, size - 2, (input[1] & 0x7f) == 0x7f ? 16384 : (input[1] & 0x7f) + 1,
+						  (input[1] & 0x80) != 0);
 
-		connection_begin(0);
-		resp_append_command(connection_output(), 1, argv);
-		if (connection_exchange(0, 1, clock_monotonic_us() + 1000 * 1000, request_reply, &type,
-								&failure))
-			connection_done(0);
-		else
-			FUZZ_CHECK(failure.kind != REDIS_FAILURE_NONE && connection_node(0)[0] == '\0');
-		(void) open_node();
+		if (open_node())
+		{
+			const char *argv[1] = {"PING"};
+			RedisFailure failure = {0};
+			RespType	type;
+
+			connection_begin(0);
+			resp_append_command(connection_output(), 1, argv);
+			if (connection_exchange(0, 1, clock_monotonic_us() + 1000 * 1000, request_reply, &type,
+									&failure))
+				connection_done(0);
+			else
+				FUZZ_CHECK(failure.kind != REDIS_FAILURE_NONE && connection_node(0)[0] == '\0');
+			(void) open_node();
+		}
 	}
+	PG_CATCH();
+	{
+		/* An ERROR with an errcode ends the input, as it would end a statement. */
+		shim_error_caught();
+	}
+	PG_END_TRY();
 	shim_end();
 	return 0;
 }

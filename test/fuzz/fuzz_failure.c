@@ -48,26 +48,35 @@ LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
 	size_t		word = 0;
 
 	shim_begin();
-	text = shim_copy(input, size);
-	memset(&failure, 0x7f, sizeof(failure));
-	redis_fail_with_error(&failure, text, (int) size);
-	FUZZ_CHECK(kind_of_error_reply(failure.kind));
-	FUZZ_CHECK(strcmp(redis_failure_kind_name(failure.kind), "unknown") != 0);
-	FUZZ_CHECK(memchr(failure.detail, '\0', sizeof(failure.detail)) != NULL);
-	while (word < size && text[word] != ' ')
-		word++;
-	if (failure.kind != REDIS_FAILURE_PERMISSION)
+	PG_TRY();
 	{
-		/* The first word, cut to fit. */
-		size_t		length = Min(word, sizeof(failure.detail) - 1);
+		text = shim_copy(input, size);
+		memset(&failure, 0x7f, sizeof(failure));
+		redis_fail_with_error(&failure, text, (int) size);
+		FUZZ_CHECK(kind_of_error_reply(failure.kind));
+		FUZZ_CHECK(strcmp(redis_failure_kind_name(failure.kind), "unknown") != 0);
+		FUZZ_CHECK(memchr(failure.detail, '\0', sizeof(failure.detail)) != NULL);
+		while (word < size && text[word] != ' ')
+			word++;
+		if (failure.kind != REDIS_FAILURE_PERMISSION)
+		{
+			/* The first word, cut to fit. */
+			size_t		length = Min(word, sizeof(failure.detail) - 1);
 
-		FUZZ_CHECK(memcmp(failure.detail, text, length) == 0 && failure.detail[length] == '\0');
+			FUZZ_CHECK(memcmp(failure.detail, text, length) == 0 && failure.detail[length] == '\0');
+		}
+
+		/* The same text, the same failure. */
+		memset(&again, 0, sizeof(again));
+		redis_fail_with_error(&again, text, (int) size);
+		FUZZ_CHECK(again.kind == failure.kind && strcmp(again.detail, failure.detail) == 0);
 	}
-
-	/* The same text, the same failure. */
-	memset(&again, 0, sizeof(again));
-	redis_fail_with_error(&again, text, (int) size);
-	FUZZ_CHECK(again.kind == failure.kind && strcmp(again.detail, failure.detail) == 0);
+	PG_CATCH();
+	{
+		/* An ERROR with an errcode ends the input, as it would end a statement. */
+		shim_error_caught();
+	}
+	PG_END_TRY();
 	shim_end();
 	return 0;
 }

@@ -258,44 +258,53 @@ LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
 		defined = true;
 	}
 	shim_begin();
-	FUZZ_CHECK(shim_set_string_setting("ratelimit.redis_url", ""));
-	cluster_prepare();
-	FUZZ_CHECK(shim_set_string_setting("ratelimit.redis_url", urls[input[0] % lengthof(urls)]));
-	initStringInfo(&output);
-	tape = input + 2;
-	tape_left = size - 2;
-	breaker_opened = false;
-
-	ncalls = 1 + (input[1] & 3);
-	memset(calls, 0, sizeof(calls));
-	for (int i = 0; i < ncalls; i++)
+	PG_TRY();
 	{
-		keys[i][0] = subjects[(input[1] >> 2 >> i) & 3];
-		calls[i].script = &scripts[(input[1] >> 6 >> (i & 1)) & 1];
-		calls[i].nkeys = 1;
-		calls[i].keys = keys[i];
-		calls[i].nargs = 2;
-		calls[i].args = args;
-		calls[i].nresults = calls[i].script == &scripts[0] ? 4 : 1;
-		calls[i].results = results[i];
-	}
+		FUZZ_CHECK(shim_set_string_setting("ratelimit.redis_url", ""));
+		cluster_prepare();
+		FUZZ_CHECK(shim_set_string_setting("ratelimit.redis_url", urls[input[0] % lengthof(urls)]));
+		initStringInfo(&output);
+		tape = input + 2;
+		tape_left = size - 2;
+		breaker_opened = false;
 
-	all = redis_run_scripts(calls, ncalls, 0, &failure);
-	for (int i = 0; i < ncalls; i++)
+		ncalls = 1 + (input[1] & 3);
+		memset(calls, 0, sizeof(calls));
+		for (int i = 0; i < ncalls; i++)
+		{
+			keys[i][0] = subjects[(input[1] >> 2 >> i) & 3];
+			calls[i].script = &scripts[(input[1] >> 6 >> (i & 1)) & 1];
+			calls[i].nkeys = 1;
+			calls[i].keys = keys[i];
+			calls[i].nargs = 2;
+			calls[i].args = args;
+			calls[i].nresults = calls[i].script == &scripts[0] ? 4 : 1;
+			calls[i].results = results[i];
+		}
+
+		all = redis_run_scripts(calls, ncalls, 0, &failure);
+		for (int i = 0; i < ncalls; i++)
+		{
+			RedisCall  *call = &calls[i];
+
+			FUZZ_CHECK(call->answered || call->done);
+			FUZZ_CHECK(!call->answered || call->failure.kind == REDIS_FAILURE_NONE);
+			FUZZ_CHECK(call->failure.kind <= REDIS_FAILURE_REDIRECT);
+			FUZZ_CHECK(call->redirects <= 5);
+			FUZZ_CHECK(memchr(call->failure.detail, '\0', sizeof(call->failure.detail)) != NULL);
+			FUZZ_CHECK(memchr(call->failure.node, '\0', sizeof(call->failure.node)) != NULL);
+			every &= call->answered;
+		}
+		/* True when every call was answered; else why not (none: a breaker was open). */
+		FUZZ_CHECK(all == every);
+		FUZZ_CHECK(all || failure.kind != REDIS_FAILURE_NONE || breaker_opened);
+	}
+	PG_CATCH();
 	{
-		RedisCall  *call = &calls[i];
-
-		FUZZ_CHECK(call->answered || call->done);
-		FUZZ_CHECK(!call->answered || call->failure.kind == REDIS_FAILURE_NONE);
-		FUZZ_CHECK(call->failure.kind <= REDIS_FAILURE_REDIRECT);
-		FUZZ_CHECK(call->redirects <= 5);
-		FUZZ_CHECK(memchr(call->failure.detail, '\0', sizeof(call->failure.detail)) != NULL);
-		FUZZ_CHECK(memchr(call->failure.node, '\0', sizeof(call->failure.node)) != NULL);
-		every &= call->answered;
+		/* An ERROR with an errcode ends the input, as it would end a statement. */
+		shim_error_caught();
 	}
-	/* True when every call was answered; else why not (none: a breaker was open). */
-	FUZZ_CHECK(all == every);
-	FUZZ_CHECK(all || failure.kind != REDIS_FAILURE_NONE || breaker_opened);
+	PG_END_TRY();
 	shim_end();
 	return 0;
 }

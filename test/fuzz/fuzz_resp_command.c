@@ -61,24 +61,33 @@ LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
 	size_t		first;
 
 	shim_begin();
-	/* A NUL-terminated copy: each NUL in it ends one argument. */
-	text = palloc(size + 1);
-	memcpy(text, input, size);
-	text[size] = '\0';
-	for (const char *p = text; size > 0 && argc < ARGUMENTS_MAX; p += strlen(p) + 1)
+	PG_TRY();
 	{
-		argv[argc++] = p;
-		if (p + strlen(p) == text + size)
-			break;
-	}
-	for (int i = 0; i < argc; i++)
-		reversed[i] = argv[argc - 1 - i];
+		/* A NUL-terminated copy: each NUL in it ends one argument. */
+		text = palloc(size + 1);
+		memcpy(text, input, size);
+		text[size] = '\0';
+		for (const char *p = text; size > 0 && argc < ARGUMENTS_MAX; p += strlen(p) + 1)
+		{
+			argv[argc++] = p;
+			if (p + strlen(p) == text + size)
+				break;
+		}
+		for (int i = 0; i < argc; i++)
+			reversed[i] = argv[argc - 1 - i];
 
-	initStringInfo(&out);
-	resp_append_command(&out, argc, argv);
-	resp_append_command(&out, argc, reversed);
-	first = check_command(out.data, out.len, argc, argv);
-	FUZZ_CHECK(check_command(out.data + first, out.len - first, argc, reversed) == out.len - first);
+		initStringInfo(&out);
+		resp_append_command(&out, argc, argv);
+		resp_append_command(&out, argc, reversed);
+		first = check_command(out.data, out.len, argc, argv);
+		FUZZ_CHECK(check_command(out.data + first, out.len - first, argc, reversed) == out.len - first);
+	}
+	PG_CATCH();
+	{
+		/* An ERROR with an errcode ends the input, as it would end a statement. */
+		shim_error_caught();
+	}
+	PG_END_TRY();
 	shim_end();
 	return 0;
 }

@@ -189,29 +189,38 @@ LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
 	qsort(cuts, ncuts, sizeof(size_t), compare_sizes);
 
 	shim_begin();
-	whole = scan_whole(data, length, &whole_length);
-	/* The bound holds, whatever the bytes say of themselves. */
-	if (whole == RESP_COMPLETE)
-		FUZZ_CHECK(whole_length > 0 && whole_length <= RESP_MAX_REPLY_BYTES);
-	if (whole == RESP_INCOMPLETE)
-		FUZZ_CHECK(length <= RESP_MAX_REPLY_BYTES);
-
-	pieces = scan_pieces(data, length, cuts, ncuts, &pieces_length);
-	FUZZ_CHECK(pieces == whole);
-	FUZZ_CHECK(whole != RESP_COMPLETE || pieces_length == whole_length);
-	if (one_at_a_time)
+	PG_TRY();
 	{
-		size_t	   *every = palloc(length * sizeof(size_t));
+		whole = scan_whole(data, length, &whole_length);
+		/* The bound holds, whatever the bytes say of themselves. */
+		if (whole == RESP_COMPLETE)
+			FUZZ_CHECK(whole_length > 0 && whole_length <= RESP_MAX_REPLY_BYTES);
+		if (whole == RESP_INCOMPLETE)
+			FUZZ_CHECK(length <= RESP_MAX_REPLY_BYTES);
 
-		for (size_t i = 0; i < length; i++)
-			every[i] = i;
-		pieces = scan_pieces(data, length, every, (int) length, &pieces_length);
+		pieces = scan_pieces(data, length, cuts, ncuts, &pieces_length);
 		FUZZ_CHECK(pieces == whole);
 		FUZZ_CHECK(whole != RESP_COMPLETE || pieces_length == whole_length);
-	}
+		if (one_at_a_time)
+		{
+			size_t	   *every = palloc(length * sizeof(size_t));
 
-	if (whole == RESP_COMPLETE)
-		check_reply(data, whole_length);
+			for (size_t i = 0; i < length; i++)
+				every[i] = i;
+			pieces = scan_pieces(data, length, every, (int) length, &pieces_length);
+			FUZZ_CHECK(pieces == whole);
+			FUZZ_CHECK(whole != RESP_COMPLETE || pieces_length == whole_length);
+		}
+
+		if (whole == RESP_COMPLETE)
+			check_reply(data, whole_length);
+	}
+	PG_CATCH();
+	{
+		/* An ERROR with an errcode ends the input, as it would end a statement. */
+		shim_error_caught();
+	}
+	PG_END_TRY();
 	shim_end();
 	return 0;
 }

@@ -68,14 +68,23 @@ LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
 		defined = true;
 	}
 	shim_begin();
-	text = urls[input[0] % lengthof(urls)];
-	FUZZ_CHECK(shim_set_string_setting("ratelimit.redis_url", text));
-	FUZZ_CHECK(redis_url_parse(text, &url, &problem));
-	fake_stream_start(input + 2, size - 2, (input[1] & 0x7f) == 0x7f ? 16384 : (input[1] & 0x7f) + 1,
-					  (input[1] & 0x80) != 0);
+	PG_TRY();
+	{
+		text = urls[input[0] % lengthof(urls)];
+		FUZZ_CHECK(shim_set_string_setting("ratelimit.redis_url", text));
+		FUZZ_CHECK(redis_url_parse(text, &url, &problem));
+		fake_stream_start(input + 2, size - 2, (input[1] & 0x7f) == 0x7f ? 16384 : (input[1] & 0x7f) + 1,
+						  (input[1] & 0x80) != 0);
 
-	find_master(&url);
-	find_master(&url);
+		find_master(&url);
+		find_master(&url);
+	}
+	PG_CATCH();
+	{
+		/* An ERROR with an errcode ends the input, as it would end a statement. */
+		shim_error_caught();
+	}
+	PG_END_TRY();
 	shim_end();
 	return 0;
 }

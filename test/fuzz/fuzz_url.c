@@ -98,22 +98,31 @@ LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
 		defined = true;
 	}
 	shim_begin();
-	text = palloc(size + 1);
-	memcpy(text, input, size);
-	text[size] = '\0';
-	text = repalloc(text, strlen(text) + 1);
+	PG_TRY();
+	{
+		text = palloc(size + 1);
+		memcpy(text, input, size);
+		text[size] = '\0';
+		text = repalloc(text, strlen(text) + 1);
 
-	parsed = redis_url_parse(text, &url, &problem);
-	if (parsed)
-		check_url(text, &url);
-	else
-		FUZZ_CHECK(problem != NULL && problem[0] != '\0');
+		parsed = redis_url_parse(text, &url, &problem);
+		if (parsed)
+			check_url(text, &url);
+		else
+			FUZZ_CHECK(problem != NULL && problem[0] != '\0');
 
-	/* The setting takes what the parser takes ("" unsets it, and is always taken). */
-	generation = redis_url_generation();
-	FUZZ_CHECK(shim_set_string_setting("ratelimit.redis_url", text) == (parsed || text[0] == '\0'));
-	if (parsed || text[0] == '\0')
-		FUZZ_CHECK(strcmp(redis_url_current(), text) == 0 && redis_url_generation() != generation);
+		/* The setting takes what the parser takes ("" unsets it, and is always taken). */
+		generation = redis_url_generation();
+		FUZZ_CHECK(shim_set_string_setting("ratelimit.redis_url", text) == (parsed || text[0] == '\0'));
+		if (parsed || text[0] == '\0')
+			FUZZ_CHECK(strcmp(redis_url_current(), text) == 0 && redis_url_generation() != generation);
+	}
+	PG_CATCH();
+	{
+		/* An ERROR with an errcode ends the input, as it would end a statement. */
+		shim_error_caught();
+	}
+	PG_END_TRY();
 	shim_end();
 	return 0;
 }
