@@ -45,15 +45,21 @@ static char *prepared_url = NULL;	/* the URL they are for */
 static bool map_refused = false;	/* the cluster refused CLUSTER SLOTS (an ACL): redirects alone */
 static uint32 epoch = 0;		/* changes when the nodes start again */
 
-/* Adds a node by address, or finds it; -1 when the table is full. */
+/*
+ * Adds a node by address, or finds it; -1 when the table is full, or for a
+ * host that is no C string (a NUL in it would cut its name short, or empty it:
+ * no address, the URL's node's breaker).
+ */
 static int
 node_find(const char *host, int host_length, int port)
 {
+	if (host_length <= 0 || memchr(host, '\0', host_length) != NULL)
+		return -1;
 	for (int i = 0; i < node_count; i++)
 		if (nodes[i].port == port && (int) strlen(nodes[i].host) == host_length &&
 			memcmp(nodes[i].host, host, host_length) == 0)
 			return i;
-	if (node_count == REDIS_MAX_NODES || host_length <= 0 || host_length >= 256)
+	if (node_count == REDIS_MAX_NODES || host_length >= 256)
 		return -1;
 	memcpy(nodes[node_count].host, host, host_length);
 	nodes[node_count].host[host_length] = '\0';

@@ -94,6 +94,12 @@ resp_scan(RespScanner *scanner, const char *data, size_t length, size_t *reply_l
 		if (cr == NULL || cr + 1 >= end)
 			return end - data > RESP_MAX_REPLY_BYTES ? RESP_TOO_LARGE : RESP_INCOMPLETE;
 		/*
+		 * A line that ends past the bound is too large whatever it holds, as
+		 * it is when its bytes come in pieces and the bound is passed first.
+		 */
+		if (cr + 2 - data > RESP_MAX_REPLY_BYTES)
+			return RESP_TOO_LARGE;
+		/*
 		 * A header line is text ending at its first CR, which a LF follows: a
 		 * NUL or LF in it is not RESP. The readers below rely on that.
 		 */
@@ -115,8 +121,8 @@ resp_scan(RespScanner *scanner, const char *data, size_t length, size_t *reply_l
 					return RESP_MALFORMED;
 				if (number < 0)
 					break;
-				/* Refused before its bytes are awaited, let alone kept. */
-				if (number > RESP_MAX_REPLY_BYTES - (next - data))
+				/* Refused before its bytes (and CRLF) are awaited, let alone kept. */
+				if (number + 2 > RESP_MAX_REPLY_BYTES - (next - data))
 					return RESP_TOO_LARGE;
 				if (end - next < number + 2)
 					return RESP_INCOMPLETE;

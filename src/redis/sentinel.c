@@ -40,6 +40,7 @@ typedef struct SentinelAnswer
 	int			port;
 } SentinelAnswer;
 
+/* Reads one reply of a sentinel (AUTH's, then the master's address) into the answer. */
 static void
 found_master(int index, const RespValue *reply, void *arg)
 {
@@ -69,6 +70,7 @@ found_master(int index, const RespValue *reply, void *arg)
 		!resp_next(&elements, &host) || !resp_next(&elements, &port) ||
 		host.type != RESP_BULK || port.type != RESP_BULK || host.null || port.null ||
 		host.length < 1 || host.length >= (int) sizeof(answer->host) ||
+		memchr(host.str, '\0', host.length) != NULL ||
 		port.length < 1 || port.length >= (int) sizeof(digits))
 	{
 		redis_fail(&answer->failure, REDIS_FAILURE_PROTOCOL, "unexpected reply from a sentinel");
