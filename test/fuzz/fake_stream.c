@@ -65,6 +65,13 @@ stream_close(RedisStream *stream)
 	stream->socket.sock = PGINVALID_SOCKET;
 }
 
+/* No interrupt is pending here: a wait never ends for one. */
+bool
+socket_wait_abandoned(void)
+{
+	return false;
+}
+
 /* Readable while replies are due (or the server closes); else the deadline passes. */
 uint32
 stream_wait(RedisStream *stream, uint32 events, int64 deadline)

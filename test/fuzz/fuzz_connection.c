@@ -94,7 +94,7 @@ LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
 
 			connection_begin(0);
 			resp_append_command(connection_output(), 1, argv);
-			if (connection_exchange(0, 1, clock_monotonic_us() + 1000 * 1000, request_reply, &type,
+			if (connection_exchange(0, 1, clock_monotonic_us() + 1000 * 1000, 0, request_reply, &type,
 									&failure))
 				connection_done(0);
 			else

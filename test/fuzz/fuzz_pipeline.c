@@ -79,6 +79,28 @@ connection_open(int node, int64 deadline, bool *opened, RedisFailure *failure)
 	return true;
 }
 
+/* The deadline of calls sent together, as redis/deadline.c computes it. */
+int64
+deadline_for_calls_us(int ncalls, int command_timeout_ms)
+{
+	return (int64) command_timeout_ms * 1000 * (1 + (Max(ncalls, 1) - 1) / 1000);
+}
+
+/* A question on the side (the slot map asked of another master): answered as the tape says. */
+bool
+connection_ask(int node, int argc, const char *const *argv, int64 deadline,
+			   ExchangeReplyHandler handler, void *arg)
+{
+	RedisFailure failure = {0};
+	bool		opened;
+
+	if (!connection_open(node, deadline, &opened, &failure))
+		return false;
+	connection_begin(node);
+	resp_append_command(connection_output(), argc, argv);
+	return connection_exchange(node, 1, deadline, 0, handler, arg, &failure);
+}
+
 /* Where the pipeline writes the commands of the exchange under way. */
 StringInfo
 connection_output(void)
@@ -119,8 +141,8 @@ count_commands(const StringInfo out)
  * exact-size heap copy; a reply that is not whole breaks the connection.
  */
 bool
-connection_exchange(int node, int nreplies, int64 deadline, ExchangeReplyHandler handler,
-					void *arg, RedisFailure *failure)
+connection_exchange(int node, int nreplies, int64 deadline, int64 idle_us,
+					ExchangeReplyHandler handler, void *arg, RedisFailure *failure)
 {
 	FUZZ_CHECK(nreplies > 0 && count_commands(&output) == nreplies);
 	resetStringInfo(&output);
@@ -210,7 +232,13 @@ breaker_begin(BreakerState *state, bool *probing)
 void
 breaker_end(BreakerState *state, const RedisFailure *failure)
 {
-	FUZZ_CHECK(failure != NULL && failure->kind <= REDIS_FAILURE_REDIRECT);
+	FUZZ_CHECK(failure != NULL && failure->kind < REDIS_FAILURE_KINDS);
+}
+
+/* A timeout of calls sent together stays as it is: no PING is asked here. */
+void
+breaker_weigh(int node, RedisFailure *failure)
+{
 }
 
 /* A probe cut off by an error: none is raised here. */
@@ -289,7 +317,7 @@ LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
 
 			FUZZ_CHECK(call->answered || call->done);
 			FUZZ_CHECK(!call->answered || call->failure.kind == REDIS_FAILURE_NONE);
-			FUZZ_CHECK(call->failure.kind <= REDIS_FAILURE_REDIRECT);
+			FUZZ_CHECK(call->failure.kind < REDIS_FAILURE_KINDS);
 			FUZZ_CHECK(call->redirects <= 5);
 			FUZZ_CHECK(memchr(call->failure.detail, '\0', sizeof(call->failure.detail)) != NULL);
 			FUZZ_CHECK(memchr(call->failure.node, '\0', sizeof(call->failure.node)) != NULL);
