@@ -245,6 +245,7 @@ redis_send_calls(Pipeline *pipeline, SendPass pass, int64 deadline, RedisFailure
 		palloc(pipeline->ncalls * sizeof(LuaScript *)) : NULL;
 	int			nloaded = 0;
 	int			count = 0;
+	int64		now = clock_monotonic_us();
 
 	for (int i = 0; i < pipeline->ncalls; i++)
 	{
@@ -260,7 +261,7 @@ redis_send_calls(Pipeline *pipeline, SendPass pass, int64 deadline, RedisFailure
 		memset(&call->failure, 0, sizeof(call->failure));
 		call->failure.maybe_ran = true;
 		if (call->first_sent_us == 0)
-			call->first_sent_us = clock_monotonic_us();
+			call->first_sent_us = now;
 		if (pass == SEND_FIRST)
 			by_sha = call_by_sha(pipeline, i);
 		else if (pass == SEND_AGAIN)

@@ -17,16 +17,38 @@
 /* The fewest bytes one element can take ("+\r\n"): bounds a claimed element count. */
 #define RESP_MIN_ELEMENT_BYTES 3
 
+/*
+ * Appends a header line: prefix, value in decimal, CRLF ("*3\r\n", "$40\r\n").
+ * Written by hand, not through a format: a rollback's refunds write a few
+ * hundred thousand of them before the first byte goes out.
+ */
+static void
+append_header(StringInfo out, char prefix, uint64 value)
+{
+	char		line[24];
+	int			start = sizeof(line);
+
+	line[--start] = '\n';
+	line[--start] = '\r';
+	do
+	{
+		line[--start] = '0' + value % 10;
+		value /= 10;
+	} while (value > 0);
+	line[--start] = prefix;
+	appendBinaryStringInfo(out, line + start, sizeof(line) - start);
+}
+
 /* Appends a command as an array of bulk strings: binary-safe, never a format string. */
 void
 resp_append_command(StringInfo out, int argc, const char *const *argv)
 {
-	appendStringInfo(out, "*%d\r\n", argc);
+	append_header(out, '*', (uint64) argc);
 	for (int i = 0; i < argc; i++)
 	{
 		size_t		length = strlen(argv[i]);
 
-		appendStringInfo(out, "$%zu\r\n", length);
+		append_header(out, '$', (uint64) length);
 		appendBinaryStringInfo(out, argv[i], (int) length);
 		appendBinaryStringInfo(out, "\r\n", 2);
 	}
