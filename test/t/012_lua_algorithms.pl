@@ -16,7 +16,6 @@ use strict;
 use warnings;
 
 use FindBin;
-use Math::BigRat;
 use POSIX qw(ceil floor);
 use Test::More;
 
@@ -64,17 +63,20 @@ load_script($_) for qw(gcra/take_one gcra/peek gcra/refund fixed_window/take_one
 sub gcd { my ($a, $b) = @_; ($a, $b) = ($b, $a % $b) while $b; return $a }
 
 #
-# GCRA: redis-cell's algorithm, in exact rationals (ms).
+# GCRA: redis-cell's algorithm, in exact rationals (ms). At amount per period ms every
+# time and interval is a whole number of 1/amount ms (the emission interval T is period
+# of them), so each is held as that integer: exact, and far quicker than Math::BigRat.
 #
 sub cell_step
 {
 	my ($state, $now, $quantity, $limit, $amount, $period) = @_;
-	my $T = Math::BigRat->new("$period/$amount");
+	use integer;    # below 2^63 here; a division truncates toward zero
+	my $T = $period;
 	my $dvt = $T * $limit;
 	my $increment = $T * $quantity;
-	my $n = Math::BigRat->new($now);
-	my $tat = defined $state->{tat} ? $state->{tat} : $n->copy;
-	my $new_tat = ($n > $tat ? $n->copy : $tat->copy) + $increment;
+	my $n = $now * $amount;
+	my $tat = defined $state->{tat} ? $state->{tat} : $n;
+	my $new_tat = ($n > $tat ? $n : $tat) + $increment;
 	my $allow_at = $new_tat - $dvt;
 	my $diff = $n - $allow_at;
 	my ($allowed, $ttl, $retry);
@@ -84,14 +86,15 @@ sub cell_step
 	}
 	else
 	{
-		($allowed, $ttl, $retry) = (1, $new_tat - $n, Math::BigRat->new(0));
+		($allowed, $ttl, $retry) = (1, $new_tat - $n, 0);
 		$state->{tat} = $new_tat;
 	}
 	my $next = $dvt - $ttl;
-	my $remaining = $next > -$T ? ($next / $T)->as_int->numify : 0;
+	my $remaining = $next > -$T ? $next / $T : 0;
 	$remaining = 0 if $remaining < 0;
-	$ttl = Math::BigRat->new(0) if $ttl < 0;
-	return [ $allowed, $remaining, $retry->copy->bceil->numify, $ttl->copy->bceil->numify ];
+	$ttl = 0 if $ttl < 0;
+	# In ms, rounded up.
+	return [ $allowed, $remaining, ($retry + $amount - 1) / $amount, ($ttl + $amount - 1) / $amount ];
 }
 
 sub gcra_args
