@@ -16,7 +16,6 @@ use strict;
 use warnings;
 
 use FindBin;
-use Math::BigRat;
 use POSIX qw(ceil floor);
 use Test::More;
 
@@ -30,6 +29,9 @@ my $seed = $ENV{RL_SEED} // 14;
 srand($seed);
 note("seed $seed");
 
+# One RESP connection for every call (a redis-cli process per call made this file slow).
+my $db = $redis->client;
+
 # Loads lua/<name>.lua as the build composes it; returns its SHA1.
 my %sha;
 sub load_script
@@ -37,22 +39,19 @@ sub load_script
 	my ($name) = @_;
 	my $body = `"$compose" "$FindBin::Bin/../../lua/$name.lua"`;
 	die "cannot compose $name" if $? != 0;
-	my $path = sprintf('%s/script_%d.lua', PostgreSQL::Test::Utils::tempdir(), scalar(keys %sha));
-	open my $fh, '>', $path or die $!;
-	print $fh $body;
-	close $fh;
-	my $sha = `redis-cli -p $redis->{port} -x SCRIPT LOAD < "$path"`;
-	chomp $sha;
-	die "SCRIPT LOAD $name failed: $sha" unless $sha =~ /^[0-9a-f]{40}$/;
+	my $sha = $db->command('SCRIPT', 'LOAD', $body);
+	die "SCRIPT LOAD $name failed: " . (RateLimitTest::RespClient::is_error($sha) ? $sha->msg : $sha)
+	  unless !ref $sha && $sha =~ /^[0-9a-f]{40}$/;
 	return $sha{$name} = $sha;
 }
 
-# One script call: the reply's lines.
+# One script call: the reply's values (an error: its text).
 sub run
 {
 	my ($name, @args) = @_;
-	my @lines = split /\n/, `redis-cli -p $redis->{port} EVALSHA $sha{$name} @{[ map { $_ eq '' ? '""' : $_ } @args ]} 2>&1`;
-	return \@lines;
+	my $r = $db->command('EVALSHA', $sha{$name}, @args);
+	return [ $r->msg ] if RateLimitTest::RespClient::is_error($r);
+	return ref $r eq 'ARRAY' ? $r : [$r];
 }
 
 sub reply { return '{' . join(', ', @{ $_[0] }) . '}' }
@@ -64,17 +63,20 @@ load_script($_) for qw(gcra/take_one gcra/peek gcra/refund fixed_window/take_one
 sub gcd { my ($a, $b) = @_; ($a, $b) = ($b, $a % $b) while $b; return $a }
 
 #
-# GCRA: redis-cell's algorithm, in exact rationals (ms).
+# GCRA: redis-cell's algorithm, in exact rationals (ms). At amount per period ms every
+# time and interval is a whole number of 1/amount ms (the emission interval T is period
+# of them), so each is held as that integer: exact, and far quicker than Math::BigRat.
 #
 sub cell_step
 {
 	my ($state, $now, $quantity, $limit, $amount, $period) = @_;
-	my $T = Math::BigRat->new("$period/$amount");
+	use integer;    # below 2^63 here; a division truncates toward zero
+	my $T = $period;
 	my $dvt = $T * $limit;
 	my $increment = $T * $quantity;
-	my $n = Math::BigRat->new($now);
-	my $tat = defined $state->{tat} ? $state->{tat} : $n->copy;
-	my $new_tat = ($n > $tat ? $n->copy : $tat->copy) + $increment;
+	my $n = $now * $amount;
+	my $tat = defined $state->{tat} ? $state->{tat} : $n;
+	my $new_tat = ($n > $tat ? $n : $tat) + $increment;
 	my $allow_at = $new_tat - $dvt;
 	my $diff = $n - $allow_at;
 	my ($allowed, $ttl, $retry);
@@ -84,14 +86,15 @@ sub cell_step
 	}
 	else
 	{
-		($allowed, $ttl, $retry) = (1, $new_tat - $n, Math::BigRat->new(0));
+		($allowed, $ttl, $retry) = (1, $new_tat - $n, 0);
 		$state->{tat} = $new_tat;
 	}
 	my $next = $dvt - $ttl;
-	my $remaining = $next > -$T ? ($next / $T)->as_int->numify : 0;
+	my $remaining = $next > -$T ? $next / $T : 0;
 	$remaining = 0 if $remaining < 0;
-	$ttl = Math::BigRat->new(0) if $ttl < 0;
-	return [ $allowed, $remaining, $retry->copy->bceil->numify, $ttl->copy->bceil->numify ];
+	$ttl = 0 if $ttl < 0;
+	# In ms, rounded up.
+	return [ $allowed, $remaining, ($retry + $amount - 1) / $amount, ($ttl + $amount - 1) / $amount ];
 }
 
 sub gcra_args
@@ -108,15 +111,15 @@ subtest 'gcra: hand-worked values (5 per 5 s, capacity 5)' => sub {
 	is(reply(run('gcra/take_one', 1, 'g:hand', gcra_args($T0, 4, @a))), '{0, 3, 1000, 2000}', 'take 4: wait 1 s');
 	is(reply(run('gcra/peek', 1, 'g:hand', gcra_args($T0 + 1000, 4, @a))), '{1, 4, 0, 1000}', 'a peek 1 s later: 4 would fit');
 	is(reply(run('gcra/take_one', 1, 'g:hand', gcra_args($T0 + 1000, 4, @a))), '{1, 0, 0, 5000}', 'and the take does');
-	my $value = $redis->cli('GET', 'g:hand');
+	my $value = $db->command('GET', 'g:hand');
 	is($value, $T0 + 6000, 'the one number stored: the TAT in units (rate 1: ms)');
-	is($redis->cli('OBJECT', 'ENCODING', 'g:hand'), 'int', 'stored as an integer');
-	my $pttl = $redis->cli('PTTL', 'g:hand');
+	is($db->command('OBJECT', 'ENCODING', 'g:hand'), 'int', 'stored as an integer');
+	my $pttl = $db->command('PTTL', 'g:hand');
 	ok($pttl > 4000 && $pttl <= 5000, "it lives until the TAT ($pttl ms)");
 	is(reply(run('gcra/refund', 1, 'g:hand', gcra_args($T0 + 1000, 3, @a))), '{1, 3, 0, 2000}', 'a refund of 3');
 	is(reply(run('gcra/refund', 1, 'g:hand', gcra_args($T0 + 1000, 5, @a))), '{1, 5, 0, 0}', 'never beyond full');
-	is($redis->cli('EXISTS', 'g:hand'), '0', 'a TAT at now is no state at all: deleted');
-	$redis->cli('SET', 'g:bad', 'x1');
+	is($db->command('EXISTS', 'g:hand'), '0', 'a TAT at now is no state at all: deleted');
+	$db->command('SET', 'g:bad', 'x1');
 	like(reply(run('gcra/take_one', 1, 'g:bad', gcra_args($T0, 1, @a))), qr/corrupt/, 'a corrupt TAT is an error');
 };
 
@@ -160,22 +163,22 @@ sub fixed_args
 subtest 'fixed_window: hand-worked values, encoding, TTL, peek, refund' => sub {
 	my @k = fixed_args($T0 + 250, 2, 3, 1000);
 	is(reply(run('fixed_window/take_one', 1, @k)), '{1, 1, 0, 750}', 'take 2 of 3: 750 ms left in the window');
-	is($redis->cli('OBJECT', 'ENCODING', $k[0]), 'int', 'the count is an integer');
-	my $pttl = $redis->cli('PTTL', $k[0]);
+	is($db->command('OBJECT', 'ENCODING', $k[0]), 'int', 'the count is an integer');
+	my $pttl = $db->command('PTTL', $k[0]);
 	ok($pttl > 1500 && $pttl <= 1750, "the key outlives the window by a second ($pttl ms)");
 	@k = fixed_args($T0 + 500, 2, 3, 1000);
 	is(reply(run('fixed_window/take_one', 1, @k)), '{0, 1, 500, 500}', 'take 2 more: denied until the window ends');
-	is($redis->cli('GET', $k[0]), '2', 'a denial leaves the count');
+	is($db->command('GET', $k[0]), '2', 'a denial leaves the count');
 	is(reply(run('fixed_window/peek', 1, @k[0 .. 2], 1, @k[4, 5])), '{1, 1, 0, 500}', 'a peek of 1 would be granted');
-	is($redis->cli('GET', $k[0]), '2', 'and writes nothing');
+	is($db->command('GET', $k[0]), '2', 'and writes nothing');
 	is(reply(run('fixed_window/refund', 1, @k[0 .. 2], 5, @k[4, 5])), '{1, 3, 0, 0}', 'a refund never goes below 0');
-	is($redis->cli('EXISTS', $k[0]), '0', 'a count of 0 is no state at all');
+	is($db->command('EXISTS', $k[0]), '0', 'a count of 0 is no state at all');
 	my @n = fixed_args($T0 + 1000, 3, 3, 1000);
 	isnt($n[0], $k[0], 'the next window counts in a key of its own');
 	is(reply(run('fixed_window/take_one', 1, @n)), '{1, 0, 0, 1000}', 'and starts at 0');
-	$redis->cli('SET', 'f:bad', 'many');
+	$db->command('SET', 'f:bad', 'many');
 	like(reply(run('fixed_window/take_one', 1, 'f:bad', '', 3, 1, 10, 10)), qr/corrupt/, 'a corrupt count is an error');
-	$redis->cli('HSET', 'f:hash', 'a', 1);
+	$db->command('HSET', 'f:hash', 'a', 1);
 	like(reply(run('fixed_window/take_one', 1, 'f:hash', '', 3, 1, 10, 10)), qr/corrupt/, 'so is another type');
 	like(reply(run('fixed_window/take_one', 1, 'f:x', '', 3, 1, 10)), qr/called with 4 arguments, not 5/, 'arguments are counted');
 	# At the largest capacity, 2^53 - 2: a denied count passes 2^53, where doubles skip odd numbers.
@@ -184,7 +187,7 @@ subtest 'fixed_window: hand-worked values, encoding, TTL, peek, refund' => sub {
 		'a take of all but one of 2^53 - 2');
 	is(reply(run('fixed_window/take_one', 1, 'f:big', '', $cap, 4, 1000, 2000)), '{0, 1, 1000, 1000}',
 		'a take of 4 more: denied, 1 left (exactly)');
-	is($redis->cli('GET', 'f:big'), $cap - 1, 'and the count is as it was');
+	is($db->command('GET', 'f:big'), $cap - 1, 'and the count is as it was');
 };
 
 # The count windows of a model: start -> count.
@@ -368,14 +371,14 @@ subtest 'sliding_log: hand-worked values, members, TTL, peek, refund' => sub {
 	is(reply(run('sliding_log/take', 1, 'l:h', $T0 + 4000, 3, 1, 10000)), '{1, 0, 0, 10000}', 'take 1 4 s later');
 	is(reply(run('sliding_log/take', 1, 'l:h', $T0 + 4000, 3, 1, 10000)), '{0, 0, 6000, 10000}',
 		'one more: when the first leaves the window');
-	is($redis->cli('ZCARD', 'l:h'), '2', 'a member per request');
+	is($db->command('ZCARD', 'l:h'), '2', 'a member per request');
 	is(reply(run('sliding_log/peek', 1, 'l:h', $T0 + 10000, 3, 3, 10000)), '{0, 2, 4000, 4000}',
 		'at 10 s two have left: 3 would wait 4 s more');
 	is(reply(run('sliding_log/refund', 1, 'l:h', $T0 + 10000, 3, 1, 10000)), '{1, 3, 0, 0}',
 		'a refund takes out the oldest in the window');
-	is($redis->cli('EXISTS', 'l:h'), '0', 'a log that counts nothing is no state at all');
+	is($db->command('EXISTS', 'l:h'), '0', 'a log that counts nothing is no state at all');
 	run('sliding_log/take', 1, 'l:h', $T0 + 10000, 3, 3, 10000);
-	my $pttl = $redis->cli('PTTL', 'l:h');
+	my $pttl = $db->command('PTTL', 'l:h');
 	ok($pttl > 9000 && $pttl <= 10000, "the log lives a window after its last write ($pttl ms)");
 };
 
@@ -394,11 +397,10 @@ subtest 'sliding_log: a long sequence equals the model, through take and the gro
 		diag("step $i at $now cost $cost: take $one group $group model $want") if $one ne $want || $group ne $one;
 	}
 	is($same, $steps, "all $steps answers are the model's");
-	cmp_ok($redis->cli('ZCARD', 'l:seq'), '<=', 6 + 6, 'the log holds no more than its window needs');
+	cmp_ok($db->command('ZCARD', 'l:seq'), '<=', 6 + 6, 'the log holds no more than its window needs');
 };
 
-# The same calls over one RESP connection: the reply as '{a, b, c, d}', an error as its text.
-my $db = $redis->client;
+# The same calls with the keys apart: the reply as '{a, b, c, d}', an error as its text.
 sub fast
 {
 	my ($name, $keys, @args) = @_;
@@ -544,7 +546,8 @@ subtest 'sliding_log: a Redis user with the commands 0.8.0 needed (no UNLINK) ru
 subtest 'peeks are marked no-writes: EVALSHA_RO runs them (replicas may too)' => sub {
 	my $ro = sub {
 		my ($name, @args) = @_;
-		return reply([ split /\n/, `redis-cli -p $redis->{port} EVALSHA_RO $sha{$name} @{[ map { $_ eq '' ? '""' : $_ } @args ]} 2>&1` ]);
+		my $r = $db->command('EVALSHA_RO', $sha{$name}, @args);
+		return RateLimitTest::RespClient::is_error($r) ? $r->msg : reply($r);
 	};
 	is($ro->('gcra/peek', 1, 'ro:g', gcra_args($T0, 2, 5, 1, 1000)), '{1, 5, 0, 0}', 'gcra');
 	my @f = fixed_args($T0, 2, 3, 1000, 'ro:f');
@@ -565,7 +568,7 @@ subtest 'the group script: mixed algorithms, all or none' => sub {
 	is(reply(run('group', 5, @$keys, @args)),
 		'{0, 4, 0, 1000, 0, 0, 60000, 60000, 0, 4, 0, 120000, 0, 2, 0, 60000}',
 		'the fixed window is spent: nothing is charged, its wait is said');
-	is($redis->cli('ZCARD', 'mix:l'), '1', 'the log kept one member');
+	is($db->command('ZCARD', 'mix:l'), '1', 'the log kept one member');
 	like(reply(run('group', 1, 'mix:x', $T0, 9, 1, 2, 3)), qr/do not match its keys/, 'an unknown tag is refused');
 };
 

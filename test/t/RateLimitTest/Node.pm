@@ -13,6 +13,7 @@ package RateLimitTest::Node;
 use strict;
 use warnings;
 
+use Digest::MD5 ();
 use Exporter 'import';
 use File::Basename qw(dirname);
 use IPC::Run ();
@@ -37,6 +38,32 @@ if (!$ENV{PG_REGRESS} || $ENV{PG_REGRESS} eq '/bin/false' || !-x $ENV{PG_REGRESS
 	$ENV{PG_REGRESS} = -x $pg_regress ? $pg_regress : '/bin/true';
 }
 
+# initdb takes one to two seconds on a busy machine, for every node of every test: it
+# runs once per tmp_check (and initdb binary and arguments), its data directory is kept
+# as a template, and every other node copies that (the same files, the same system
+# identifier, which nothing here reads).
+my $system_or_bail = \&PostgreSQL::Test::Utils::system_or_bail;
+
+sub _initdb_from_template
+{
+	my ($initdb, $D, $pgdata, @args) = @_;
+	die "unexpected initdb arguments: @_" unless $D eq '-D';
+	my ($path) = grep { -x $_ } map { "$_/$initdb" } split /:/, ($ENV{PATH} // '');
+	my $key = Digest::MD5::md5_hex(join("\0", $path // $initdb, (stat($path // '.'))[ 7, 9 ], @args));
+	my $template = "$PostgreSQL::Test::Utils::tmp_check/initdb_template_$key";
+	if (!-d $template)
+	{
+		$system_or_bail->($initdb, $D, $pgdata, @args);
+		# Made aside and renamed into place: a template is complete or absent.
+		my $tmp = "$template.tmp$$";
+		$system_or_bail->('cp', '-RPp', $pgdata, $tmp);
+		rename($tmp, $template) or $system_or_bail->('rm', '-rf', $tmp);
+		return;
+	}
+	$system_or_bail->('cp', '-RPp', $template, $pgdata);
+	return;
+}
+
 # Creates and starts a node with ratelimit preloaded and created in "postgres".
 # Options: redis (a RateLimitTest::Redis) or url, max_connections, conf (lines),
 # preload (default 1; 0: the library is loaded by CREATE EXTENSION only),
@@ -48,7 +75,15 @@ sub rl_node
 	my $url = $opt{url} // ($opt{redis} ? $opt{redis}->url : '');
 	my $preload = $opt{preload} // 1;
 	my $node = PostgreSQL::Test::Cluster->new($name);
-	$node->init(allows_streaming => $opt{allows_streaming} // 0);
+	{
+		# Cluster::init runs initdb through this function: copy the template instead.
+		no warnings 'redefine';
+		local *PostgreSQL::Test::Utils::system_or_bail = sub {
+			return _initdb_from_template(@_) if $_[0] eq 'initdb';
+			return $system_or_bail->(@_);
+		};
+		$node->init(allows_streaming => $opt{allows_streaming} // 0);
+	}
 	$node->append_conf(
 		'postgresql.conf', join("\n",
 			($preload ? "shared_preload_libraries = 'ratelimit'" : ()),
