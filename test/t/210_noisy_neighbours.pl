@@ -10,8 +10,9 @@
 # suite measures is what the shared mechanisms add), and the breaker stays closed.
 # Every shared mechanism has its row here: the breaker (rollbacks, commits, batches, scripts
 # at their bounds, cancel and terminate storms, a slow role), tickets of slices (a batch
-# naming a hot subject), the deny cache and the local buckets (crafted collisions), and the
-# scripts Redis runs for everyone (the sliding log at its bounds, groups of 32 checks).
+# naming a hot subject), the deny cache (crafted collisions; the local buckets' are in t/075),
+# and the scripts Redis runs for everyone (the sliding log at its bounds, groups of 32
+# checks).
 
 use strict;
 use warnings;
