@@ -11,9 +11,11 @@ RL_PG_BIN=${RL_PG_BIN:-/usr/lib/postgresql/$RL_PG_VERSION/bin}
 RL_PG_CONFIG=$RL_PG_BIN/pg_config
 # The unprivileged user that runs the servers and tests (PostgreSQL refuses root).
 RL_USER=${RL_USER:-postgres}
-RL_PACKAGES="make gcc libc6-dev postgresql-$RL_PG_VERSION postgresql-server-dev-$RL_PG_VERSION
-  postgresql-contrib redis-server redis-tools libipc-run-perl perl pgbouncer libssl-dev openssl
-  dpkg-dev debhelper postgresql-server-dev-all fakeroot"
+# Everything the two commands use that a minimal Debian 12 lacks (the README lists them):
+# the build, the servers, the tests' tools (procps: pgrep), and the package's build.
+RL_PACKAGES="build-essential postgresql-$RL_PG_VERSION postgresql-server-dev-$RL_PG_VERSION
+  postgresql-contrib redis-server redis-tools libipc-run-perl perl procps pgbouncer libssl-dev
+  openssl debhelper postgresql-server-dev-all fakeroot"
 export PATH="$RL_PG_BIN:$PATH"
 
 rl_log() { printf '\n=== %s\n' "$*"; }
