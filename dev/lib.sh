@@ -29,9 +29,18 @@ rl_install_packages() {
 	done
 	if [ ${#missing[@]} -gt 0 ]; then
 		rl_log "installing ${missing[*]}"
-		apt-get update -qq
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-			"${missing[@]}" >/dev/null
+		# apt's notes (debconf without apt-utils, services it cannot start) go to a log,
+		# shown only if the installation fails.
+		local log
+		log=$(mktemp "${TMPDIR:-/tmp}/ratelimit-apt.XXXXXX")
+		if ! { apt-get update -qq &&
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+				"${missing[@]}"; } >"$log" 2>&1; then
+			cat "$log" >&2
+			rm -f "$log"
+			return 1
+		fi
+		rm -f "$log"
 	fi
 	# The Debian package starts a system Redis where it can; ours are private, so leave it be.
 }
@@ -48,10 +57,12 @@ rl_build_install() {
 	make -C "$RL_ROOT" -s PG_CONFIG="$RL_PG_CONFIG" install >/dev/null
 }
 
-# Runs a command as the unprivileged user (as is, when not root).
+# Runs a command as the unprivileged user (as is, when not root), from /: the caller's
+# directory may be closed to that user (root's home is 0700), and PostgreSQL's programs
+# complain when they cannot change back to it. Give it absolute paths.
 rl_as_user() {
 	if [ "$(id -u)" = 0 ]; then
-		runuser -u "$RL_USER" -- env PATH="$PATH" "$@"
+		(cd / && runuser -u "$RL_USER" -- env PATH="$PATH" "$@")
 	else
 		"$@"
 	fi
