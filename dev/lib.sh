@@ -57,6 +57,29 @@ rl_build_install() {
 	make -C "$RL_ROOT" -s PG_CONFIG="$RL_PG_CONFIG" install >/dev/null
 }
 
+# The files make install (or the package) puts into PostgreSQL's tree: the library, its
+# bitcode, the control file and the SQL scripts. Prints those that exist.
+rl_installed_files() {
+	local lib share
+	lib=$("$RL_PG_CONFIG" --pkglibdir)
+	share=$("$RL_PG_CONFIG" --sharedir)/extension
+	ls -d "$lib/ratelimit.so" "$lib/bitcode/ratelimit" "$lib/bitcode/ratelimit.index.bc" \
+		"$share/ratelimit.control" "$share"/ratelimit--*.sql 2>/dev/null || true
+}
+
+# Saves the installed files into the archive FILE, so that a test that installs another
+# build can put back exactly what it found (an empty archive when nothing was installed).
+rl_save_installed() {
+	rl_installed_files | tar -cPf "$1" -T -
+}
+
+# Replaces whatever is installed now with what rl_save_installed saved into FILE.
+rl_restore_installed() {
+	local file
+	rl_installed_files | while read -r file; do rm -rf "$file"; done
+	tar -xPf "$1"
+}
+
 # Runs a command as the unprivileged user (as is, when not root), from /: the caller's
 # directory may be closed to that user (root's home is 0700), and PostgreSQL's programs
 # complain when they cannot change back to it. Give it absolute paths.
