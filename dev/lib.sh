@@ -20,6 +20,15 @@ export PATH="$RL_PG_BIN:$PATH"
 
 rl_log() { printf '\n=== %s\n' "$*"; }
 
+# How long each stage of a command took: rl_timed NAME ends a stage, rl_timings prints them.
+rl_timings_list=()
+rl_stage_start=$SECONDS
+rl_timed() {
+	rl_timings_list+=("$1 $((SECONDS - rl_stage_start)) s")
+	rl_stage_start=$SECONDS
+}
+rl_timings() { echo "$(printf '%s, ' "${rl_timings_list[@]}")$SECONDS s in all"; }
+
 # Installs the Debian packages that are missing (needs root).
 rl_install_packages() {
 	local missing=()
