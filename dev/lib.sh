@@ -11,12 +11,23 @@ RL_PG_BIN=${RL_PG_BIN:-/usr/lib/postgresql/$RL_PG_VERSION/bin}
 RL_PG_CONFIG=$RL_PG_BIN/pg_config
 # The unprivileged user that runs the servers and tests (PostgreSQL refuses root).
 RL_USER=${RL_USER:-postgres}
-RL_PACKAGES="make gcc libc6-dev postgresql-$RL_PG_VERSION postgresql-server-dev-$RL_PG_VERSION
-  postgresql-contrib redis-server redis-tools libipc-run-perl perl pgbouncer libssl-dev openssl
-  dpkg-dev debhelper postgresql-server-dev-all fakeroot"
+# Everything the two commands use that a minimal Debian 12 lacks (the README lists them):
+# the build, the servers, the tests' tools (procps: pgrep), and the package's build.
+RL_PACKAGES="build-essential postgresql-$RL_PG_VERSION postgresql-server-dev-$RL_PG_VERSION
+  postgresql-contrib redis-server redis-tools libipc-run-perl perl procps pgbouncer libssl-dev
+  openssl debhelper postgresql-server-dev-all fakeroot"
 export PATH="$RL_PG_BIN:$PATH"
 
 rl_log() { printf '\n=== %s\n' "$*"; }
+
+# How long each stage of a command took: rl_timed NAME ends a stage, rl_timings prints them.
+rl_timings_list=()
+rl_stage_start=$SECONDS
+rl_timed() {
+	rl_timings_list+=("$1 $((SECONDS - rl_stage_start)) s")
+	rl_stage_start=$SECONDS
+}
+rl_timings() { echo "$(printf '%s, ' "${rl_timings_list[@]}")$SECONDS s in all"; }
 
 # Installs the Debian packages that are missing (needs root).
 rl_install_packages() {
@@ -27,9 +38,18 @@ rl_install_packages() {
 	done
 	if [ ${#missing[@]} -gt 0 ]; then
 		rl_log "installing ${missing[*]}"
-		apt-get update -qq
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-			"${missing[@]}" >/dev/null
+		# apt's notes (debconf without apt-utils, services it cannot start) go to a log,
+		# shown only if the installation fails.
+		local log
+		log=$(mktemp "${TMPDIR:-/tmp}/ratelimit-apt.XXXXXX")
+		if ! { apt-get update -qq &&
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+				"${missing[@]}"; } >"$log" 2>&1; then
+			cat "$log" >&2
+			rm -f "$log"
+			return 1
+		fi
+		rm -f "$log"
 	fi
 	# The Debian package starts a system Redis where it can; ours are private, so leave it be.
 }
@@ -46,10 +66,35 @@ rl_build_install() {
 	make -C "$RL_ROOT" -s PG_CONFIG="$RL_PG_CONFIG" install >/dev/null
 }
 
-# Runs a command as the unprivileged user (as is, when not root).
+# The files make install (or the package) puts into PostgreSQL's tree: the library, its
+# bitcode, the control file and the SQL scripts. Prints those that exist.
+rl_installed_files() {
+	local lib share
+	lib=$("$RL_PG_CONFIG" --pkglibdir)
+	share=$("$RL_PG_CONFIG" --sharedir)/extension
+	ls -d "$lib/ratelimit.so" "$lib/bitcode/ratelimit" "$lib/bitcode/ratelimit.index.bc" \
+		"$share/ratelimit.control" "$share"/ratelimit--*.sql 2>/dev/null || true
+}
+
+# Saves the installed files into the archive FILE, so that a test that installs another
+# build can put back exactly what it found (an empty archive when nothing was installed).
+rl_save_installed() {
+	rl_installed_files | tar -cPf "$1" -T -
+}
+
+# Replaces whatever is installed now with what rl_save_installed saved into FILE.
+rl_restore_installed() {
+	local file
+	rl_installed_files | while read -r file; do rm -rf "$file"; done
+	tar -xPf "$1"
+}
+
+# Runs a command as the unprivileged user (as is, when not root), from /: the caller's
+# directory may be closed to that user (root's home is 0700), and PostgreSQL's programs
+# complain when they cannot change back to it. Give it absolute paths.
 rl_as_user() {
 	if [ "$(id -u)" = 0 ]; then
-		runuser -u "$RL_USER" -- env PATH="$PATH" "$@"
+		(cd / && runuser -u "$RL_USER" -- env PATH="$PATH" "$@")
 	else
 		"$@"
 	fi
