@@ -3,7 +3,7 @@
  *	  Fuzz target: redis_fail_with_error on any error text from Redis reads
  *	  only its bytes, and gives a failure of a class that error replies have,
  *	  with a NUL-terminated detail: the error's first word (for a permission
- *	  refusal, the command refused).
+ *	  refusal, the command refused; for a script that failed, its message).
  *
  * The input is the text of an error reply (after its "-"), in an exact-size
  * heap copy, as it lies in the reply buffer.
@@ -30,6 +30,8 @@ kind_of_error_reply(RedisFailureKind kind)
 		case REDIS_FAILURE_BUSY:
 		case REDIS_FAILURE_OOM:
 		case REDIS_FAILURE_NOSCRIPT:
+		case REDIS_FAILURE_AUTH:
+		case REDIS_FAILURE_SCRIPT:
 			return true;
 		default:
 			return false;
@@ -58,7 +60,14 @@ LLVMFuzzerTestOneInput(const uint8_t *input, size_t size)
 		FUZZ_CHECK(memchr(failure.detail, '\0', sizeof(failure.detail)) != NULL);
 		while (word < size && text[word] != ' ')
 			word++;
-		if (failure.kind != REDIS_FAILURE_PERMISSION)
+		if (failure.kind == REDIS_FAILURE_SCRIPT)
+		{
+			/* The script's message after "ERR ", never longer than the text. */
+			size_t		length = strlen(failure.detail);
+
+			FUZZ_CHECK(size >= 4 && length <= size - 4 && memcmp(failure.detail, text + 4, length) == 0);
+		}
+		else if (failure.kind != REDIS_FAILURE_PERMISSION)
 		{
 			/* The first word, cut to fit. */
 			size_t		length = Min(word, sizeof(failure.detail) - 1);
