@@ -14,6 +14,11 @@
  * window's slice lives no longer than its window (the sliding algorithms,
  * which weigh each token by when it was counted, have no allowances).
  *
+ * A fetch that finds the bucket holding less than it asked for (or none)
+ * starves the subject for allowance_ttl: its takes then ask Redis for their
+ * cost alone, as without an allowance, since over its limit a fetch is one
+ * take that the others would wait for, for nothing.
+ *
  * The decision and batch paths (decision.c, batch.c) try the slice first
  * (allowance_grant), then, after the deny cache, plan what to ask Redis
  * (allowance_plan; a take alone may wait for another backend's fetch,
@@ -53,6 +58,7 @@ allowance_grant(const DecisionRequest *request, bool may_fetch, AllowancePlan *p
 {
 	const Policy *policy = &request->policy;
 	LocalKey	local_key;
+	bool		alone;
 
 	memset(plan, 0, sizeof(*plan));
 	/* The slices are the server's: a session with a Redis of its own takes none. */
@@ -73,8 +79,13 @@ allowance_grant(const DecisionRequest *request, bool may_fetch, AllowancePlan *p
 	plan->ask.may_fetch = may_fetch;
 	/* A fetch is one call: others wait for it no longer than its deadline. */
 	plan->ask.fetch_ms = (int64) deadline_connect_timeout_ms + deadline_command_timeout_ms;
-	if (!slices_grant(&plan->ask, grant))
+	if (!slices_grant(&plan->ask, grant, &alone))
+	{
+		/* A starved subject's take is a plain one: no slice, no wait, no demand counted. */
+		if (alone)
+			memset(plan, 0, sizeof(*plan));
 		return false;
+	}
 	plan->outcome = SLICE_GRANTED;
 	return true;
 }
@@ -173,7 +184,7 @@ allowance_after(AllowancePlan *plan, const char *redis_key, bool answered, bool 
 	plan->outcome = SLICE_NONE;
 	if (!answered || !allowed)
 	{
-		slices_abandon(plan->ask.key, plan->ticket);
+		slices_abandon(&plan->ask, plan->ticket, answered);
 		return false;
 	}
 	slice.left = plan->taken - plan->ask.cost;
@@ -195,7 +206,8 @@ allowance_after(AllowancePlan *plan, const char *redis_key, bool answered, bool 
 	*remaining += slice.left;
 	/* (SLICE_KEY_LEN holds the longest key there can be: see slices.h.) */
 	plan->ask.redis_key = redis_key;
-	if (slices_install(&plan->ask, plan->ticket, plan->at_ms, &slice) != SLICE_MOVED_ON ||
+	if (slices_install(&plan->ask, plan->ticket, plan->at_ms, &slice,
+					   plan->taken < plan->want) != SLICE_MOVED_ON ||
 		slice.left == 0 || take_time(plan->request) >= slice.givable_until_ms)
 		return false;
 	memset(back, 0, sizeof(*back));
@@ -211,7 +223,7 @@ void
 allowance_abandon(const AllowancePlan *plan)
 {
 	if (plan->outcome == SLICE_FETCH)
-		slices_abandon(plan->ask.key, plan->ticket);
+		slices_abandon(&plan->ask, plan->ticket, false);
 }
 
 /* The refund that gives back's tokens back to the bucket (and window) they came from. */

@@ -77,6 +77,8 @@ typedef struct SliceSlot
 	SliceGiveBack origin;		/* where the slice came from (its tokens field unused) */
 	int64		period_ms;
 	int64		used_before;	/* tokens granted here in the period before */
+	/* Until then no fetch, nor a wait for one: the last found the bucket short. */
+	int64		starved_until_ms;
 } SliceSlot;
 
 typedef struct SliceTable
@@ -347,14 +349,27 @@ take_from(SliceSlot *slot, const SliceAsk *ask, SliceGrant *grant)
 	return true;
 }
 
-/* The hot path: true, with the slice after it in grant, when the subject's live slice grants ask. */
+/* True while slot's subject was found short of tokens lately (see starved_until_ms). */
+static bool
+starved(const SliceSlot *slot, const SliceAsk *ask)
+{
+	return slot->check == ask->check && ask->now_ms < slot->starved_until_ms;
+}
+
+/*
+ * The hot path: true, with the slice after it in grant, when the subject's
+ * live slice grants ask. Else *alone says whether the take is to ask Redis
+ * for its cost alone without coming back to the table (the subject is
+ * starved: see starved_until_ms).
+ */
 bool
-slices_grant(const SliceAsk *ask, SliceGrant *grant)
+slices_grant(const SliceAsk *ask, SliceGrant *grant, bool *alone)
 {
 	int			partition;
 	SliceSlot  *slot = lock_slot(ask->key, LW_SHARED, &partition);
 	bool		granted = slot != NULL && take_from(slot, ask, grant);
 
+	*alone = !granted && slot != NULL && starved(slot, ask);
 	LWLockRelease(&locks[partition].lock);
 	return granted;
 }
@@ -407,6 +422,8 @@ slices_take(const SliceAsk *ask, SliceGrant *grant, uint32 *ticket, int64 *want,
 		outcome = SLICE_NONE;	/* another subject's (their keys collide): no slice for this one */
 	else if (take_from(slot, ask, grant))
 		outcome = SLICE_GRANTED;
+	else if (starved(slot, ask))
+		outcome = SLICE_NONE;
 	else if (fetching(slot, now_ms))
 	{
 		*ticket = slot->ticket;
@@ -448,12 +465,14 @@ slices_take(const SliceAsk *ask, SliceGrant *grant, uint32 *ticket, int64 *want,
 
 /*
  * Installs the slice fetched under ticket (what is left after the fetching
- * take's cost), taken at taken_ms. SLICE_MOVED_ON when the slot has moved on
+ * take's cost), taken at taken_ms; short says the bucket held less than the
+ * fetch asked for (the subject starves for ask->ttl_ms). SLICE_MOVED_ON when the slot has moved on
  * (another fetch took over, or the slot went to another subject): the caller
  * gives it back; SLICE_DROPPED when rl_reset made it void meanwhile.
  */
 SliceInstall
-slices_install(const SliceAsk *ask, uint32 ticket, int64 taken_ms, const SliceGrant *slice)
+slices_install(const SliceAsk *ask, uint32 ticket, int64 taken_ms, const SliceGrant *slice,
+			   bool short_fetch)
 {
 	int			partition;
 	SliceSlot  *slot = lock_slot(ask->key, LW_EXCLUSIVE, &partition);
@@ -473,6 +492,8 @@ slices_install(const SliceAsk *ask, uint32 ticket, int64 taken_ms, const SliceGr
 		slot->origin.tokens = 0;
 		rotate(slot, ask->now_ms, ask->ttl_ms);
 		pg_atomic_fetch_add_u64(&slot->used, ask->cost);
+		if (short_fetch)
+			slot->starved_until_ms = ask->now_ms + ask->ttl_ms;
 		result = SLICE_INSTALLED;
 	}
 	LWLockRelease(&locks[partition].lock);
@@ -480,15 +501,23 @@ slices_install(const SliceAsk *ask, uint32 ticket, int64 taken_ms, const SliceGr
 	return result;
 }
 
-/* Ends the fetch under ticket without a slice (Redis denied, failed, or the call was cancelled). */
+/*
+ * Ends ask's fetch under ticket without a slice (Redis denied, failed, or the
+ * call was cancelled); denied says Redis denied it (the subject starves for
+ * ask->ttl_ms).
+ */
 void
-slices_abandon(uint64 key, uint32 ticket)
+slices_abandon(const SliceAsk *ask, uint32 ticket, bool denied)
 {
 	int			partition;
-	SliceSlot  *slot = lock_slot(key, LW_EXCLUSIVE, &partition);
+	SliceSlot  *slot = lock_slot(ask->key, LW_EXCLUSIVE, &partition);
 
 	if (slot != NULL && slot->ticket == ticket)
+	{
 		slot->ticket = 0;
+		if (denied)
+			slot->starved_until_ms = ask->now_ms + ask->ttl_ms;
+	}
 	LWLockRelease(&locks[partition].lock);
 	ConditionVariableBroadcast(&table->fetched[partition]);
 }
@@ -561,6 +590,7 @@ slices_forget(const LocalKey *key)
 		if (slot->ticket != 0)
 			slot->dropped = slot->ticket;
 		slot->ticket = 0;
+		slot->starved_until_ms = 0;	/* the bucket is full again */
 	}
 	LWLockRelease(&locks[partition].lock);
 	ConditionVariableBroadcast(&table->fetched[partition]);

@@ -266,5 +266,27 @@ note sprintf('a hot subject at its limit: %.3f Redis calls per decision with an 
 cmp_ok($at_limit{'al.limit'}, '<=', 1.1 * $at_limit{'al.limit_plain'} + 0.02,
 	'a hot subject at its limit: an allowance costs no more Redis calls per decision than none');
 
+# What makes that so: a fetch that finds the bucket holding less than it asked for starves
+# the subject for allowance_ttl, and its takes are plain ones meanwhile (no fetch, nobody
+# waiting for one). Capacity 4, never refilled, slices of at most 3.
+$node->safe_psql('postgres', q{
+	INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, allowance, allowance_ttl)
+	VALUES ('al.starve', 4, 1, '1 day', 3, '1 s')});
+my $starve = session($node);
+my $take = q{SELECT allowed || ' ' || source FROM rl_consume('al.starve', 's')};
+# 1 from Redis; a slice of 2 (1 left), then its last; a fetch of 3 that finds 1.
+is(join(',', map { $starve->query_ok($take) } 1 .. 4), 'true redis,true redis,true allowance,true redis',
+	'a fetch that found less than it asked for');
+$starve->query_ok(q{SELECT rl_refund('al.starve', 's', 4)});
+is(join(',', map { $starve->query_ok($take) } 1 .. 3), 'true redis,true redis,true redis',
+	'the bucket refilled: takes within allowance_ttl still ask Redis for their cost alone');
+usleep(1_100_000);
+is(join(',', map { $starve->query_ok($take) } 1 .. 2), 'true redis,false redis',
+	'after allowance_ttl, a fetch again (of the last token; then a denial)');
+$starve->query_ok(q{SELECT rl_reset('al.starve', 's')});
+is(join(',', map { $starve->query_ok($take) } 1 .. 2), 'true redis,true allowance',
+	'rl_reset ends the starving: a full bucket is fetched from at once');
+$starve->quit;
+
 $_->stop foreach @nodes;
 done_testing();
