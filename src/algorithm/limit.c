@@ -3,7 +3,8 @@
  *	  The algorithms side by side: their names, the parameters a policy row
  *	  gives each (and the bounds that keep them exact), and the dispatch to
  *	  each one's C model and scripts. The group script (rl_consume_all)
- *	  decides checks of every algorithm in one atomic step.
+ *	  decides checks of every algorithm in one atomic step; a slice's
+ *	  give-back and rl_reset are calls of every algorithm too.
  */
 #include "prelude.h"
 
@@ -16,6 +17,8 @@
 #include "scripts.h"
 
 static const LuaScript group_script = LUA_SCRIPT("group", script_group);
+/* Forgets a bucket (or a lease set), whatever the algorithm. */
+static const LuaScript reset_script = LUA_SCRIPT("reset", script_reset);
 
 /* The algorithm column's values, as the table's constraint allows them. */
 static const char *const names[] = {
@@ -149,4 +152,24 @@ const LuaScript *
 limit_group_script(void)
 {
 	return &group_script;
+}
+
+/*
+ * The call that gives tokens taken at taken_ms and not granted (what a
+ * slice held) back to the bucket at key, or to the window they counted in.
+ */
+void
+limit_give_back_call(const BucketParams *params, const char *key, int64 tokens, int64 taken_ms,
+					 LimitCall *call)
+{
+	limit_ops(params)->call(params, BUCKET_REFUND, key, tokens, taken_ms, NULL, call);
+}
+
+/* rl_reset's call: the reset script on every key of the subject at key (no numbers). */
+void
+limit_reset_call(const BucketParams *params, const char *key, int64 at_ms, LimitCall *call)
+{
+	memset(call, 0, sizeof(*call));
+	call->script = &reset_script;
+	call->nkeys = limit_ops(params)->reset_keys(params, key, at_ms, call->keys);
 }

@@ -155,5 +155,9 @@ extern bool limit_params_init(BucketParams *params, Algorithm algorithm, int64 c
 							  int64 idle_ttl_ms, const char *time_zone);
 extern const LimitOps *limit_ops(const BucketParams *params);
 extern const LuaScript *limit_group_script(void);
+extern void limit_give_back_call(const BucketParams *params, const char *key, int64 tokens,
+								 int64 taken_ms, LimitCall *call);
+extern void limit_reset_call(const BucketParams *params, const char *key, int64 at_ms,
+							 LimitCall *call);
 
 #endif							/* RL_LIMIT_H */

@@ -19,15 +19,10 @@
  * cost alone, as without an allowance, since over its limit a fetch is one
  * take that the others would wait for, for nothing.
  *
- * The decision and batch paths (decision.c, batch.c) try the slice first
- * (allowance_grant), then, after the deny cache, plan what to ask Redis
- * (allowance_plan; a take alone may wait for another backend's fetch,
- * allowance_wait, and then tries the slice and the deny cache again; a batch
- * never fetches), send a slice's take in place of the cost's
- * (allowance_request) with the give-backs first in the same round trip, read
- * its reply (allowance_reply) and install the slice (allowance_after); an
- * error in between ends the fetch (allowance_abandon), and so does the
- * backend's exit (local/slices.c).
+ * The pipeline (decide.c) calls these in its stages: allowance_grant,
+ * allowance_plan and allowance_wait when it begins, allowance_reply and
+ * allowance_after when it finishes, allowance_abandon on an error in
+ * between (a backend's exit ends its fetches too: local/slices.c).
  */
 #include "prelude.h"
 
@@ -38,26 +33,19 @@
 #include "redis/deadline.h"
 #include "redis/url.h"
 
-/* The time a take counts at: a window's (its request's), else now. */
-static int64
-take_time(const DecisionRequest *request)
-{
-	return limit_refills(request->policy.algorithm) ? clock_now_ms() : request_at_ms(request);
-}
-
 /*
- * Before Redis is asked for a checked take: true when the subject's live
- * slice here grants it (grant filled: the slice after it). Fills plan for
+ * Before Redis is asked for a checked take, counting at at_ms
+ * (request_counts_at_ms), of the subject at key: true when the subject's
+ * live slice here grants it (grant filled: the slice after it). Fills plan for
  * allowance_plan either way (outcome SLICE_NONE when the take cannot use a
  * slice); may_fetch says whether the take may fetch a new slice. request
  * must outlive plan.
  */
 bool
-allowance_grant(const DecisionRequest *request, bool may_fetch, AllowancePlan *plan,
-				SliceGrant *grant)
+allowance_grant(const DecisionRequest *request, const LocalKey *key, int64 at_ms, bool may_fetch,
+				AllowancePlan *plan, SliceGrant *grant)
 {
 	const Policy *policy = &request->policy;
-	LocalKey	local_key;
 	bool		alone;
 
 	memset(plan, 0, sizeof(*plan));
@@ -67,10 +55,9 @@ allowance_grant(const DecisionRequest *request, bool may_fetch, AllowancePlan *p
 		request->refund_id != NULL || !redis_url_is_server_wide())
 		return false;
 	plan->request = request;
-	plan->at_ms = take_time(request);
-	local_key = request_local_key(request);
-	plan->ask.key = local_key.hash;
-	plan->ask.check = local_key.check;
+	plan->at_ms = at_ms;
+	plan->ask.key = key->hash;
+	plan->ask.check = key->check;
 	plan->ask.cost = request->cost;
 	plan->ask.allowance = policy->allowance;
 	plan->ask.ttl_ms = policy->allowance_ttl_ms;
@@ -123,40 +110,24 @@ allowance_wait(const AllowancePlan *plan)
 }
 
 /*
- * Turns sent (a copy of the take) into the slice's take when plan fetches
- * one; either way its window is the plan's (the one its slice counts in).
- */
-void
-allowance_request(const AllowancePlan *plan, DecisionRequest *sent)
-{
-	if (plan->request != NULL && !limit_refills(sent->policy.algorithm))
-		sent->at_ms = plan->at_ms;
-	if (plan->outcome != SLICE_FETCH)
-		return;
-	sent->mode = BUCKET_SLICE;
-	sent->slice_most = plan->want;
-}
-
-/*
- * Reads a slice's reply, {tokens taken (0: denied), remaining, retry, reset},
- * into plan, leaving results as a take's; false (a protocol failure) when it
+ * Checks a slice's reply, {tokens taken (0: denied), remaining, retry,
+ * reset}, and keeps what it took in plan; false (a protocol failure) when it
  * took less than the cost or more than was asked.
  */
 bool
-allowance_reply(AllowancePlan *plan, long long *results, RedisFailure *failure)
+allowance_reply(AllowancePlan *plan, const long long *results, RedisFailure *failure)
 {
 	if (plan->outcome != SLICE_FETCH)
 		return true;
 	if (results[0] != 0 && (results[0] < plan->ask.cost || results[0] > plan->want))
 		return redis_fail(failure, REDIS_FAILURE_PROTOCOL, "unexpected reply");
 	plan->taken = results[0];
-	results[0] = plan->taken > 0;
 	return true;
 }
 
-/* a + b for a time in ms, saturating. */
+/* a + b, saturating at the largest time: a time in ms plus a duration. */
 static int64
-later(int64 a, int64 b)
+saturating_add(int64 a, int64 b)
 {
 	return a > PG_INT64_MAX - b ? PG_INT64_MAX : a + b;
 }
@@ -189,9 +160,9 @@ allowance_after(AllowancePlan *plan, const char *redis_key, bool answered, bool 
 	}
 	slice.left = plan->taken - plan->ask.cost;
 	slice.remaining = *remaining;
-	slice.reset_until_ms = later(now_ms, reset_after_ms);
+	slice.reset_until_ms = saturating_add(now_ms, reset_after_ms);
 	slice.usable_from_ms = PG_INT64_MIN;
-	slice.usable_until_ms = later(now_ms, plan->ask.ttl_ms);
+	slice.usable_until_ms = saturating_add(now_ms, plan->ask.ttl_ms);
 	slice.givable_until_ms = PG_INT64_MAX;
 	if (!limit_refills(plan->ask.params->algorithm))
 	{
@@ -208,7 +179,8 @@ allowance_after(AllowancePlan *plan, const char *redis_key, bool answered, bool 
 	plan->ask.redis_key = redis_key;
 	if (slices_install(&plan->ask, plan->ticket, plan->at_ms, &slice,
 					   plan->taken < plan->want) != SLICE_MOVED_ON ||
-		slice.left == 0 || take_time(plan->request) >= slice.givable_until_ms)
+		slice.left == 0 ||
+		request_counts_at_ms(plan->request, clock_now_ms()) >= slice.givable_until_ms)
 		return false;
 	memset(back, 0, sizeof(*back));
 	back->params = *plan->ask.params;
@@ -226,16 +198,3 @@ allowance_abandon(const AllowancePlan *plan)
 		slices_abandon(&plan->ask, plan->ticket, false);
 }
 
-/* The refund that gives back's tokens back to the bucket (and window) they came from. */
-void
-allowance_give_back_request(const SliceGiveBack *back, DecisionRequest *request)
-{
-	memset(request, 0, sizeof(*request));
-	request->policy.algorithm = back->params.algorithm;
-	request->policy.bucket = back->params;
-	request->policy.usable = true;
-	request->key = back->key;
-	request->cost = back->tokens;
-	request->mode = BUCKET_REFUND;
-	request->at_ms = back->taken_ms;
-}

@@ -22,17 +22,16 @@ typedef struct AllowancePlan
 	int64		at_ms;			/* the take's time (a window's) */
 } AllowancePlan;
 
-extern bool allowance_grant(const DecisionRequest *request, bool may_fetch,
-							AllowancePlan *plan, SliceGrant *grant);
+extern bool allowance_grant(const DecisionRequest *request, const LocalKey *key, int64 at_ms,
+							bool may_fetch, AllowancePlan *plan, SliceGrant *grant);
 extern SliceOutcome allowance_plan(AllowancePlan *plan, SliceGrant *grant, SliceGiveBack *backs,
 								   int *nbacks);
 extern void allowance_wait(const AllowancePlan *plan);
-extern void allowance_request(const AllowancePlan *plan, DecisionRequest *sent);
-extern bool allowance_reply(AllowancePlan *plan, long long *results, RedisFailure *failure);
+extern bool allowance_reply(AllowancePlan *plan, const long long *results,
+							RedisFailure *failure);
 extern bool allowance_after(AllowancePlan *plan, const char *redis_key, bool answered,
 							bool allowed, int64 *remaining, int64 reset_after_ms,
 							SliceGiveBack *back);
 extern void allowance_abandon(const AllowancePlan *plan);
-extern void allowance_give_back_request(const SliceGiveBack *back, DecisionRequest *request);
 
 #endif							/* RL_ALLOWANCE_H */

@@ -1,17 +1,18 @@
 /*
  * decision.h
- *	  One rate limit decision: a checked request in, an rl_decision's fields out.
+ *	  One rate limit decision: an rl_decision's fields, and what says them
+ *	  when Redis does not (decide.h asks Redis).
  */
 #ifndef RL_DECISION_H
 #define RL_DECISION_H
 
-#include "engine/allowance.h"
 #include "engine/request.h"
-#include "redis/pipeline.h"
+#include "redis/failure.h"
 
 /* Who made a decision: the rl_decision.source column. */
 typedef enum DecisionSource
 {
+	DECISION_SOURCE_UNDECIDED,	/* not decided yet (decision_init) */
 	DECISION_SOURCE_REDIS,
 	DECISION_SOURCE_LOCAL,
 	DECISION_SOURCE_FAIL_OPEN,
@@ -41,24 +42,15 @@ typedef struct Decision
 } Decision;
 
 extern void decision_init(const Policy *policy, Decision *decision);
-extern void decision_run(const DecisionRequest *request, Decision *decision);
-extern bool decision_reset(const DecisionRequest *request);
 extern bool decision_local_possible(const DecisionRequest *request);
-extern void decision_local(const DecisionRequest *request, BucketMode mode, Decision *decision);
+extern void decision_local(const DecisionRequest *request, const LocalKey *key, int64 at_ms,
+						   BucketMode mode, Decision *decision);
 extern void decision_refund_local(const DecisionRequest *request);
-extern const char *decision_key(const DecisionRequest *request);
-extern void decision_redis_call(const DecisionRequest *request, RedisCall *call);
-extern bool decision_from_reply(const long long *results, Decision *decision,
-								RedisFailure *failure);
 extern bool decision_script_failed(const Policy *policy, const RedisFailure *failure,
 								   Decision *decision);
 extern void decision_raise_script_error(const Decision *decision);
-extern void decision_by_fail_mode(const DecisionRequest *request, int64 retry_after_ms,
-								  Decision *decision);
-extern bool decision_here(const DecisionRequest *request, bool single, AllowancePlan *plan,
-						  SliceGiveBack *backs, int *nbacks, Decision *decision);
-extern void decision_give_back_call(const SliceGiveBack *back, RedisCall *call);
-extern void decision_give_back(const SliceGiveBack *backs, int nbacks);
+extern void decision_by_fail_mode(const DecisionRequest *request, const LocalKey *key,
+								  int64 at_ms, int64 retry_after_ms, Decision *decision);
 extern bool decision_needs_no_bucket(const Policy *policy);
 extern bool decision_fixed(const Policy *policy, Decision *decision);
 extern void decision_shadow(const Policy *policy, Decision *decision);

@@ -43,26 +43,23 @@ longer_wait_ms(const BucketParams *params, int64 more)
 }
 
 /*
- * For a take of a cost Redis denied lately (or a larger one, when its wait
- * can be told: longer_wait_ms), whose retry-after has not passed on this
- * server's clock: fills decision with that denial and the time still to
+ * For a take (of the subject at key) of a cost Redis denied lately (or a
+ * larger one, when its wait can be told: longer_wait_ms), whose retry-after
+ * has not passed at now_ms, this server's clock: fills decision with that denial and the time still to
  * wait, and returns true. Redis is not asked.
  */
 bool
-denial_answer(const DecisionRequest *request, Decision *decision)
+denial_answer(const DecisionRequest *request, const LocalKey *key, int64 now_ms,
+			  Decision *decision)
 {
 	DenyEntry	entry;
-	int64		now_ms;
 	int64		longer = 0;
 	bool		larger_ok;
-	LocalKey	key;
 
 	if (request->mode != BUCKET_TAKE || !deny_cache_usable(request))
 		return false;
-	now_ms = clock_now_ms();
 	larger_ok = longer_wait_ms(&request->policy.bucket, 1) >= 0;
-	key = request_local_key(request);
-	if (!deny_cache_find(&key, request->cost, larger_ok, now_ms, &entry))
+	if (!deny_cache_find(key, request->cost, larger_ok, now_ms, &entry))
 		return false;
 	if (request->cost > entry.cost)
 		longer = longer_wait_ms(&request->policy.bucket, request->cost - entry.cost);
@@ -80,32 +77,27 @@ denial_answer(const DecisionRequest *request, Decision *decision)
  * before it is not remembered after it (local/deny_cache.c).
  */
 void
-denial_forget(const DecisionRequest *request)
+denial_forget(const DecisionRequest *request, const LocalKey *key)
 {
-	LocalKey	key;
-
-	if (!deny_cache_usable(request))
-		return;
-	key = request_local_key(request);
-	deny_cache_forget(&key);
+	if (deny_cache_usable(request))
+		deny_cache_forget(key);
 }
 
 /*
- * After Redis decided request (a take sent at asked_us, clock_monotonic_us):
+ * After Redis decided request (of the subject at key; a take sent at
+ * asked_us, clock_monotonic_us):
  * a denial with a retry-after is remembered, for no longer than the policy
  * could make anyone wait (a bucket's full refill, a window), whatever the
  * reply said; a refund (given back here) forgets what was remembered.
  */
 void
-denial_learn(const DecisionRequest *request, const Decision *decision, int64 asked_us)
+denial_learn(const DecisionRequest *request, const LocalKey *key, const Decision *decision,
+			 int64 asked_us)
 {
-	LocalKey	key;
-
 	if (request->mode == BUCKET_REFUND)
-		denial_forget(request);
+		denial_forget(request, key);
 	if (!deny_cache_usable(request))
 		return;
-	key = request_local_key(request);
 	if (request->mode == BUCKET_TAKE && decision->source == DECISION_SOURCE_REDIS &&
 		!decision->allowed && decision->retry_after_ms > 0)
 	{
@@ -119,7 +111,7 @@ denial_learn(const DecisionRequest *request, const Decision *decision, int64 ask
 			.reset_until_ms = now_ms + Min(decision->reset_after_ms, longest),
 		};
 
-		deny_cache_remember(&key, &entry, now_ms, asked_us);
+		deny_cache_remember(key, &entry, now_ms, asked_us);
 	}
 }
 

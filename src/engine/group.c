@@ -16,6 +16,7 @@
 #include "prelude.h"
 
 #include "base/clock.h"
+#include "engine/decide.h"
 #include "engine/group.h"
 #include "engine/observer.h"
 #include "policy/subject.h"
@@ -82,7 +83,7 @@ group_redis(Group *group, RedisFailure *failure)
 	n = 0;
 	for (int i = 0; i < group->count; i++)
 		if (!group->fixed[i] &&
-			!decision_from_reply(&call.results[4 * n++], &group->decisions[i], failure))
+			!decision_from_reply(&call.results[4 * n++], false, &group->decisions[i], failure))
 			return false;
 	return true;
 }
@@ -106,69 +107,60 @@ group_only_shadow_short(const Group *group)
 	return any_short;
 }
 
-/* Decides the group by each check's fail mode, all or nothing. */
+/*
+ * Decides the group by each check's fail mode (decision_by_fail_mode), all
+ * or nothing: an enforced check denied (by 'closed', or by its local bucket)
+ * denies the group, and what the local buckets took before it goes back.
+ * Shadow checks that are denied wait for their mode; checks decided without
+ * a bucket (disabled, an 'allow' override) never deny.
+ */
 static void
 group_fail_mode(Group *group)
 {
-	int			taken = 0;
-	bool		denied = false;
+	int			denied_by = -1;
+	int64		now_ms = clock_now_ms();
 
-	/*
-	 * A 'closed' check (or a 'local' one without a usable local bucket) closes
-	 * the group, unless its policy is in shadow mode. Checks decided without a
-	 * bucket (disabled, an 'allow' override) never deny.
-	 */
-	for (int i = 0; i < group->count; i++)
+	/* A check that 'closed' denies denies the group before any local bucket is touched. */
+	for (int i = 0; i < group->count && denied_by < 0; i++)
 	{
-		const Policy *policy = &group->requests[i].policy;
+		const DecisionRequest *request = &group->requests[i];
 
-		if (!group->fixed[i] && policy->fail_mode != FAIL_MODE_OPEN &&
-			policy->mode == POLICY_MODE_ENFORCE && !decision_local_possible(&group->requests[i]))
-			denied = true;
+		if (!group->fixed[i] && request->policy.fail_mode != FAIL_MODE_OPEN &&
+			request->policy.mode == POLICY_MODE_ENFORCE && !decision_local_possible(request))
+			denied_by = 0;
 	}
-	for (int i = 0; !denied && i < group->count; i++)
+	for (int i = 0; i < group->count && denied_by < 0; i++)
 	{
-		Decision   *decision = &group->decisions[i];
+		const DecisionRequest *request = &group->requests[i];
+		LocalKey	key;
 
 		if (group->fixed[i])
 			continue;
-		if (group->requests[i].policy.fail_mode == FAIL_MODE_OPEN)
-		{
-			decision->allowed = true;
-			decision->source = DECISION_SOURCE_FAIL_OPEN;
-			continue;
-		}
-		if (!decision_local_possible(&group->requests[i]))
-		{
-			/* A shadow or disabled check that fails closed: its mode decides later. */
-			decision->allowed = false;
-			decision->source = DECISION_SOURCE_FAIL_CLOSED;
-			decision->retry_after_ms = group->retry_after_ms;
-			continue;
-		}
-		decision_local(&group->requests[i], BUCKET_TAKE, decision);
-		taken = i + 1;
-		if (!decision->allowed && group->requests[i].policy.mode == POLICY_MODE_ENFORCE)
-		{
-			denied = true;
-			break;
-		}
+		key = request_local_key(request);
+		decision_by_fail_mode(request, &key, request_counts_at_ms(request, now_ms),
+							  group->retry_after_ms, &group->decisions[i]);
+		if (!group->decisions[i].allowed && request->policy.mode == POLICY_MODE_ENFORCE)
+			denied_by = i;
 	}
-	if (!denied)
+	if (denied_by < 0)
 		return;
 
 	/* Give back what local buckets took, then deny every check. */
-	for (int i = 0; i < taken; i++)
+	for (int i = 0; i < denied_by; i++)
 	{
+		const DecisionRequest *request = &group->requests[i];
+		Decision   *decision = &group->decisions[i];
 		Decision	refund;
+		LocalKey	key;
 
 		/* Only what was taken goes back: a short bucket took nothing. */
-		if (group->decisions[i].source == DECISION_SOURCE_LOCAL && group->decisions[i].allowed)
-		{
-			decision_local(&group->requests[i], BUCKET_REFUND, &refund);
-			group->decisions[i].remaining = refund.remaining;
-			group->decisions[i].reset_after_ms = refund.reset_after_ms;
-		}
+		if (group->fixed[i] || decision->source != DECISION_SOURCE_LOCAL || !decision->allowed)
+			continue;
+		key = request_local_key(request);
+		decision_local(request, &key, request_counts_at_ms(request, now_ms), BUCKET_REFUND,
+					   &refund);
+		decision->remaining = refund.remaining;
+		decision->reset_after_ms = refund.reset_after_ms;
 	}
 	for (int i = 0; i < group->count; i++)
 	{

@@ -25,6 +25,7 @@
 
 #include "algorithm/concurrency.h"
 #include "base/clock.h"
+#include "engine/decide.h"
 #include "engine/lease.h"
 #include "engine/ledger.h"
 #include "engine/observer.h"
@@ -74,7 +75,7 @@ lease_call_redis(LeaseCall *lease, RedisFailure *failure)
 	if (!redis_run_scripts(&lease->call, 1, 0, failure))
 		return false;
 	*failure = lease->call.failure;
-	return lease->call.answered && decision_from_reply(lease->call.results, lease->decision, failure);
+	return lease->call.answered && decision_from_reply(lease->call.results, false, lease->decision, failure);
 }
 
 /*

@@ -99,6 +99,17 @@ request_at_ms(const DecisionRequest *request)
 }
 
 /*
+ * The time request counts at, now being now_ms: a window algorithm's, the
+ * request's own time (a refund goes to its take's window); a refilling
+ * algorithm's, now (a bucket refills until now, and Redis's clock decides).
+ */
+int64
+request_counts_at_ms(const DecisionRequest *request, int64 now_ms)
+{
+	return limit_refills(request->policy.algorithm) || request->at_ms == 0 ? now_ms : request->at_ms;
+}
+
+/*
  * The key of request's subject in shared memory (local bucket, deny cache,
  * slice): database, policy, version, installation and subject, hashed to
  * place it, and hashed again under the server's secret key to verify it

@@ -26,6 +26,7 @@ extern const Policy *request_check(Oid function_oid, const char *name, const cha
 								   int length, DecisionRequest *request);
 extern void request_cost(DecisionRequest *request, BucketMode mode, int64 cost);
 extern int64 request_at_ms(const DecisionRequest *request);
+extern int64 request_counts_at_ms(const DecisionRequest *request, int64 now_ms);
 extern LocalKey request_local_key(const DecisionRequest *request);
 
 #endif							/* RL_REQUEST_H */

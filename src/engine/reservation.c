@@ -21,7 +21,7 @@
 #include "utils/memutils.h"
 
 #include "base/clock.h"
-#include "engine/batch.h"
+#include "engine/decide.h"
 #include "engine/denial.h"
 #include "engine/ledger.h"
 #include "engine/reservation.h"
@@ -57,7 +57,10 @@ reservation_prepare_call(LedgerEntry *entry, RedisCall *call)
 static void
 reservation_given_back(LedgerEntry *entry)
 {
-	denial_forget(&((Reservation *) entry)->request);
+	const DecisionRequest *request = &((Reservation *) entry)->request;
+	LocalKey	key = request_local_key(request);
+
+	denial_forget(request, &key);
 }
 
 static const char *

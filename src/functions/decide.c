@@ -7,6 +7,7 @@
 #include "prelude.h"
 
 #include "base/log_privacy.h"
+#include "engine/decide.h"
 #include "engine/lease.h"
 #include "engine/reservation.h"
 #include "functions/args.h"

@@ -10,7 +10,7 @@
 #include "utils/builtins.h"
 
 #include "base/log_privacy.h"
-#include "engine/batch.h"
+#include "engine/decide.h"
 #include "functions/args.h"
 
 /*

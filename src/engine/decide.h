@@ -1,0 +1,23 @@
+/*
+ * decide.h
+ *	  Decisions as one pipeline: a take alone, or a batch in one round trip
+ *	  per Redis node.
+ */
+#ifndef RL_DECIDE_H
+#define RL_DECIDE_H
+
+#include "engine/decision.h"
+#include "redis/pipeline.h"
+
+/* The most decisions in one batch (rl_consume_many, a statement's subjects). */
+#define BATCH_MAX_DECISIONS 100000
+
+extern void decision_run(const DecisionRequest *request, Decision *decision);
+extern void batch_run(const DecisionRequest *requests, Decision *decisions, int count);
+extern bool decision_reset(const DecisionRequest *request);
+extern const char *decision_key(const DecisionRequest *request);
+extern void decision_redis_call(const DecisionRequest *request, RedisCall *call);
+extern bool decision_from_reply(const long long *results, bool slice, Decision *decision,
+								RedisFailure *failure);
+
+#endif							/* RL_DECIDE_H */
