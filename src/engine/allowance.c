@@ -15,7 +15,7 @@
  * which weigh each token by when it was counted, have no allowances).
  *
  * A fetch that finds the bucket holding less than it asked for (or none)
- * starves the subject for allowance_ttl: its takes then ask Redis for their
+ * starves the subject for allowance_ttl (a window's: until its end at most): its takes then ask Redis for their
  * cost alone, as without an allowance, since over its limit a fetch is one
  * take that the others would wait for, for nothing.
  *
@@ -133,6 +133,23 @@ saturating_add(int64 a, int64 b)
 }
 
 /*
+ * Until when a fetch that found the bucket short starves its subject:
+ * allowance_ttl from the take, and a window's end at the latest (the next
+ * window is full again).
+ */
+static int64
+starved_until(const AllowancePlan *plan)
+{
+	int64		until = saturating_add(plan->ask.now_ms, plan->ask.ttl_ms);
+	LimitWindow window;
+
+	if (limit_refills(plan->ask.params->algorithm))
+		return until;
+	window_at(plan->ask.params, plan->at_ms, &window);
+	return Min(until, window.end_ms);
+}
+
+/*
  * After Redis decided plan's take at redis_key: a fetched slice is installed
  * (its remaining, Redis's, then counts what the slice holds too), a take of
  * the cost alone counts in the subject's demand, a fetch that got nothing
@@ -155,7 +172,7 @@ allowance_after(AllowancePlan *plan, const char *redis_key, bool answered, bool 
 	plan->outcome = SLICE_NONE;
 	if (!answered || !allowed)
 	{
-		slices_abandon(&plan->ask, plan->ticket, answered);
+		slices_abandon(&plan->ask, plan->ticket, answered ? starved_until(plan) : 0);
 		return false;
 	}
 	slice.left = plan->taken - plan->ask.cost;
@@ -178,7 +195,7 @@ allowance_after(AllowancePlan *plan, const char *redis_key, bool answered, bool 
 	/* (SLICE_KEY_LEN holds the longest key there can be: see slices.h.) */
 	plan->ask.redis_key = redis_key;
 	if (slices_install(&plan->ask, plan->ticket, plan->at_ms, &slice,
-					   plan->taken < plan->want) != SLICE_MOVED_ON ||
+					   plan->taken < plan->want ? starved_until(plan) : 0) != SLICE_MOVED_ON ||
 		slice.left == 0 ||
 		request_counts_at_ms(plan->request, clock_now_ms()) >= slice.givable_until_ms)
 		return false;
@@ -195,6 +212,6 @@ void
 allowance_abandon(const AllowancePlan *plan)
 {
 	if (plan->outcome == SLICE_FETCH)
-		slices_abandon(&plan->ask, plan->ticket, false);
+		slices_abandon(&plan->ask, plan->ticket, 0);
 }
 

@@ -465,14 +465,15 @@ slices_take(const SliceAsk *ask, SliceGrant *grant, uint32 *ticket, int64 *want,
 
 /*
  * Installs the slice fetched under ticket (what is left after the fetching
- * take's cost), taken at taken_ms; short says the bucket held less than the
- * fetch asked for (the subject starves for ask->ttl_ms). SLICE_MOVED_ON when the slot has moved on
+ * take's cost), taken at taken_ms; starved_until_ms, when not 0, is until
+ * when the subject starves (the bucket held less than the fetch asked for).
+ * SLICE_MOVED_ON when the slot has moved on
  * (another fetch took over, or the slot went to another subject): the caller
  * gives it back; SLICE_DROPPED when rl_reset made it void meanwhile.
  */
 SliceInstall
 slices_install(const SliceAsk *ask, uint32 ticket, int64 taken_ms, const SliceGrant *slice,
-			   bool short_fetch)
+			   int64 starved_until_ms)
 {
 	int			partition;
 	SliceSlot  *slot = lock_slot(ask->key, LW_EXCLUSIVE, &partition);
@@ -492,8 +493,7 @@ slices_install(const SliceAsk *ask, uint32 ticket, int64 taken_ms, const SliceGr
 		slot->origin.tokens = 0;
 		rotate(slot, ask->now_ms, ask->ttl_ms);
 		pg_atomic_fetch_add_u64(&slot->used, ask->cost);
-		if (short_fetch)
-			slot->starved_until_ms = ask->now_ms + ask->ttl_ms;
+		slot->starved_until_ms = starved_until_ms;
 		result = SLICE_INSTALLED;
 	}
 	LWLockRelease(&locks[partition].lock);
@@ -503,11 +503,11 @@ slices_install(const SliceAsk *ask, uint32 ticket, int64 taken_ms, const SliceGr
 
 /*
  * Ends ask's fetch under ticket without a slice (Redis denied, failed, or the
- * call was cancelled); denied says Redis denied it (the subject starves for
- * ask->ttl_ms).
+ * call was cancelled); starved_until_ms, when not 0, is until when the
+ * subject starves (Redis denied the fetch).
  */
 void
-slices_abandon(const SliceAsk *ask, uint32 ticket, bool denied)
+slices_abandon(const SliceAsk *ask, uint32 ticket, int64 starved_until_ms)
 {
 	int			partition;
 	SliceSlot  *slot = lock_slot(ask->key, LW_EXCLUSIVE, &partition);
@@ -515,8 +515,8 @@ slices_abandon(const SliceAsk *ask, uint32 ticket, bool denied)
 	if (slot != NULL && slot->ticket == ticket)
 	{
 		slot->ticket = 0;
-		if (denied)
-			slot->starved_until_ms = ask->now_ms + ask->ttl_ms;
+		if (starved_until_ms != 0)
+			slot->starved_until_ms = starved_until_ms;
 	}
 	LWLockRelease(&locks[partition].lock);
 	ConditionVariableBroadcast(&table->fetched[partition]);

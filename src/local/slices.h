@@ -79,8 +79,8 @@ extern bool slices_grant(const SliceAsk *ask, SliceGrant *grant, bool *alone);
 extern SliceOutcome slices_take(const SliceAsk *ask, SliceGrant *grant, uint32 *ticket,
 								int64 *want, SliceGiveBack *backs, int *nbacks);
 extern SliceInstall slices_install(const SliceAsk *ask, uint32 ticket, int64 taken_ms,
-								   const SliceGrant *slice, bool short_fetch);
-extern void slices_abandon(const SliceAsk *ask, uint32 ticket, bool denied);
+								   const SliceGrant *slice, int64 starved_until_ms);
+extern void slices_abandon(const SliceAsk *ask, uint32 ticket, int64 starved_until_ms);
 extern void slices_wait(uint64 key, uint32 ticket, int64 now_ms, int timeout_ms);
 extern void slices_note(const SliceAsk *ask);
 extern void slices_forget(const LocalKey *key);
