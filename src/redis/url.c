@@ -231,55 +231,59 @@ parse_sentinel_query(const char *query, RedisUrl *out, const char **problem)
 	return true;
 }
 
-/*
- * Parses url into out (strings palloc'd in the current context). On failure
- * returns false and points problem at a sentence saying what is wrong.
- */
-bool
-redis_url_parse(const char *url, RedisUrl *out, const char **problem)
+/* The URL schemes, and what each says about the connection. */
+static const struct
 {
-	const char *rest;
-	const char *at;
-	const char *end;
-	bool		sentinel = false;
+	const char *prefix;
+	bool		tls;
+	bool		sentinel;
+	bool		is_unix;
+}			schemes[] = {
+	{"redis://", false, false, false},
+	{"rediss://", true, false, false},
+	{"redis-sentinel://", false, true, false},
+	{"rediss-sentinel://", true, true, false},
+	{"unix://", false, false, true},
+};
 
-	memset(out, 0, sizeof(*out));
-	out->port = REDIS_DEFAULT_PORT;
+/*
+ * Parses "host:port[,host:port...]" at *rest into hosts (at most max, each
+ * port default_port unless given), moving *rest past it; too_many is the
+ * problem when there are more.
+ */
+static bool
+parse_host_list(const char **rest, RedisHostPort *hosts, int *count, int max, int default_port,
+				const char *too_many, const char **problem)
+{
+	for (;;)
+	{
+		RedisHostPort *host;
 
-	if (strncmp(url, "redis://", 8) == 0)
-		rest = url + 8;
-	else if (strncmp(url, "rediss://", 9) == 0)
-	{
-		out->tls = true;
-		rest = url + 9;
+		if (*count == max)
+		{
+			*problem = too_many;
+			return false;
+		}
+		host = &hosts[(*count)++];
+		if (!parse_host_port(rest, ",/?", default_port, &host->host, &host->port, problem))
+			return false;
+		if (**rest != ',')
+			return true;
+		(*rest)++;
 	}
-	else if (strncmp(url, "redis-sentinel://", 17) == 0)
-	{
-		sentinel = true;
-		rest = url + 17;
-	}
-	else if (strncmp(url, "rediss-sentinel://", 18) == 0)
-	{
-		sentinel = out->tls = true;
-		rest = url + 18;
-	}
-	else if (strncmp(url, "unix://", 7) == 0)
-	{
-		out->is_unix = true;
-		rest = url + 7;
-	}
-	else
-	{
-		*problem = "The URL must start with redis://, rediss://, redis-sentinel://, rediss-sentinel:// or unix://.";
-		return false;
-	}
+}
 
-	/*
-	 * userinfo: for a network URL it ends at the last "@" before the path, so
-	 * an unencoded "@" in a password still works; for unix:// it is whatever
-	 * comes before the socket's absolute path.
-	 */
-	at = NULL;
+/*
+ * The userinfo at the start of rest, if any, into out; *after is what
+ * follows it. For a network URL it ends at the last "@" before the path, so
+ * an unencoded "@" in a password still works; for unix:// it is whatever
+ * comes before the socket's absolute path.
+ */
+static bool
+parse_userinfo_part(const char *rest, RedisUrl *out, const char **after, const char **problem)
+{
+	const char *at = NULL;
+
 	if (out->is_unix)
 	{
 		if (*rest != '/')
@@ -287,101 +291,83 @@ redis_url_parse(const char *url, RedisUrl *out, const char **problem)
 	}
 	else
 	{
-		end = rest + strcspn(rest, "/?");
+		const char *end = rest + strcspn(rest, "/?");
+
 		for (const char *p = rest; p < end; p++)
 			if (*p == '@')
 				at = p;
 	}
-	if (at != NULL)
-	{
-		if (!parse_userinfo(rest, at - rest, out))
-		{
-			*problem = "The user or password part is malformed.";
-			return false;
-		}
-		rest = at + 1;
-	}
-
-	if (out->is_unix)
-	{
-		const char *query = strchr(rest, '?');
-		int			path_length = query ? query - rest : (int) strlen(rest);
-
-		if (path_length < 2 || rest[0] != '/')
-		{
-			*problem = "A unix:// URL needs an absolute socket path, as in unix:///run/redis/redis.sock.";
-			return false;
-		}
-		out->path = pnstrdup(rest, path_length);
-		if (query != NULL)
-		{
-			if (strncmp(query, "?db=", 4) != 0 ||
-				!parse_number(query + 4, strlen(query + 4), 0, REDIS_MAX_DATABASE, &out->database))
-			{
-				*problem = "The only query parameter is ?db=N, with N a database number.";
-				return false;
-			}
-		}
+	*after = rest;
+	if (at == NULL)
 		return true;
-	}
-
-	if (sentinel)
+	if (!parse_userinfo(rest, at - rest, out))
 	{
-		/* host:port[,host:port...]/master-name[?db=N&sentinel_user=NAME] */
-		const char *name;
-		int			name_length;
-
-		for (;;)
-		{
-			RedisHostPort *node;
-
-			if (out->nsentinels == REDIS_MAX_SENTINELS)
-			{
-				*problem = "A Sentinel URL names at most 16 sentinels.";
-				return false;
-			}
-			node = &out->sentinels[out->nsentinels++];
-			if (!parse_host_port(&rest, ",/?", REDIS_SENTINEL_DEFAULT_PORT, &node->host, &node->port,
-								 problem))
-				return false;
-			if (*rest != ',')
-				break;
-			rest++;
-		}
-		if (*rest != '/')
-		{
-			*problem = "A Sentinel URL names its master after the sentinels, as in redis-sentinel://host:26379/mymaster.";
-			return false;
-		}
-		name = rest + 1;
-		name_length = strcspn(name, "?");
-		if (!is_plain_name(name, name_length))
-		{
-			*problem = "The master name must be 1 to 64 letters, digits, \"_\", \".\" or \"-\".";
-			return false;
-		}
-		out->master_name = pnstrdup(name, name_length);
-		out->host = NULL;
-		rest = name + name_length;
-		return *rest != '?' || parse_sentinel_query(rest + 1, out, problem);
+		*problem = "The user or password part is malformed.";
+		return false;
 	}
+	*after = at + 1;
+	return true;
+}
 
-	for (;;)
+/* A unix:// URL after its userinfo: /socket/path[?db=N]. */
+static bool
+parse_unix_rest(const char *rest, RedisUrl *out, const char **problem)
+{
+	const char *query = strchr(rest, '?');
+	int			path_length = query ? query - rest : (int) strlen(rest);
+
+	if (path_length < 2 || rest[0] != '/')
 	{
-		RedisHostPort *seed;
-
-		if (out->nseeds == REDIS_MAX_SEEDS)
-		{
-			*problem = "A URL names at most 16 cluster nodes.";
-			return false;
-		}
-		seed = &out->seeds[out->nseeds++];
-		if (!parse_host_port(&rest, ",/?", REDIS_DEFAULT_PORT, &seed->host, &seed->port, problem))
-			return false;
-		if (*rest != ',')
-			break;
-		rest++;
+		*problem = "A unix:// URL needs an absolute socket path, as in unix:///run/redis/redis.sock.";
+		return false;
 	}
+	out->path = pnstrdup(rest, path_length);
+	if (query != NULL &&
+		(strncmp(query, "?db=", 4) != 0 ||
+		 !parse_number(query + 4, strlen(query + 4), 0, REDIS_MAX_DATABASE, &out->database)))
+	{
+		*problem = "The only query parameter is ?db=N, with N a database number.";
+		return false;
+	}
+	return true;
+}
+
+/* A Sentinel URL after its userinfo: host:port[,host:port...]/master-name[?db=N&sentinel_user=NAME]. */
+static bool
+parse_sentinel_rest(const char *rest, RedisUrl *out, const char **problem)
+{
+	const char *name;
+	int			name_length;
+
+	if (!parse_host_list(&rest, out->sentinels, &out->nsentinels, REDIS_MAX_SENTINELS,
+						 REDIS_SENTINEL_DEFAULT_PORT, "A Sentinel URL names at most 16 sentinels.",
+						 problem))
+		return false;
+	if (*rest != '/')
+	{
+		*problem = "A Sentinel URL names its master after the sentinels, as in redis-sentinel://host:26379/mymaster.";
+		return false;
+	}
+	name = rest + 1;
+	name_length = strcspn(name, "?");
+	if (!is_plain_name(name, name_length))
+	{
+		*problem = "The master name must be 1 to 64 letters, digits, \"_\", \".\" or \"-\".";
+		return false;
+	}
+	out->master_name = pnstrdup(name, name_length);
+	out->host = NULL;
+	rest = name + name_length;
+	return *rest != '?' || parse_sentinel_query(rest + 1, out, problem);
+}
+
+/* A redis:// or rediss:// URL after its userinfo: host:port[,host:port...][/db]. */
+static bool
+parse_network_rest(const char *rest, RedisUrl *out, const char **problem)
+{
+	if (!parse_host_list(&rest, out->seeds, &out->nseeds, REDIS_MAX_SEEDS, REDIS_DEFAULT_PORT,
+						 "A URL names at most 16 cluster nodes.", problem))
+		return false;
 	out->host = out->seeds[0].host;
 	out->port = out->seeds[0].port;
 	if (*rest == '/' && rest[1] != '\0')
@@ -406,6 +392,41 @@ redis_url_parse(const char *url, RedisUrl *out, const char **problem)
 		return false;
 	}
 	return true;
+}
+
+/*
+ * Parses url into out (strings palloc'd in the current context). On failure
+ * returns false and points problem at a sentence saying what is wrong.
+ */
+bool
+redis_url_parse(const char *url, RedisUrl *out, const char **problem)
+{
+	const char *rest = NULL;
+	bool		sentinel = false;
+
+	memset(out, 0, sizeof(*out));
+	out->port = REDIS_DEFAULT_PORT;
+	for (int i = 0; i < (int) lengthof(schemes) && rest == NULL; i++)
+	{
+		if (strncmp(url, schemes[i].prefix, strlen(schemes[i].prefix)) != 0)
+			continue;
+		rest = url + strlen(schemes[i].prefix);
+		out->tls = schemes[i].tls;
+		out->is_unix = schemes[i].is_unix;
+		sentinel = schemes[i].sentinel;
+	}
+	if (rest == NULL)
+	{
+		*problem = "The URL must start with redis://, rediss://, redis-sentinel://, rediss-sentinel:// or unix://.";
+		return false;
+	}
+	if (!parse_userinfo_part(rest, out, &rest, problem))
+		return false;
+	if (out->is_unix)
+		return parse_unix_rest(rest, out, problem);
+	if (sentinel)
+		return parse_sentinel_rest(rest, out, problem);
+	return parse_network_rest(rest, out, problem);
 }
 
 /* Rejects a malformed ratelimit.redis_url, or one with a password where others could read it. */
