@@ -9,7 +9,9 @@ DATA_built = sql/ratelimit--$(EXTVERSION).sql
 DATA = $(filter-out $(DATA_built),$(patsubst $(srcdir)/%,%,$(wildcard $(srcdir)/sql/ratelimit--*.sql)))
 # One folder per layer, lowest first (CONTRIBUTING.md); each may use only those before it.
 OBJS = $(patsubst $(srcdir)/%.c,%.o,$(sort $(foreach layer,base algorithm redis local policy engine observe functions,$(wildcard $(srcdir)/src/$(layer)/*.c)))) src/ratelimit.o
-PG_CPPFLAGS = -I$(srcdir)/src -Isrc
+# The build's own generated headers (src/scripts.h) before the tree's: a header left in
+# the tree by another build never wins over a fresh one.
+PG_CPPFLAGS = -Isrc -I$(srcdir)/src
 # TLS to Redis (rediss://) with OpenSSL, as PostgreSQL itself uses it.
 SHLIB_LINK = -lssl -lcrypto
 PG_CFLAGS = -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers
@@ -18,7 +20,7 @@ PG_CFLAGS = -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-in
 # writes the settings file (it names the Redis that the tests start).
 REGRESS = setup policy errors consume enforce subjects settings failure local transactions leases multi history modes overrides headers stats algorithms allowances roles privileges upgrade
 REGRESS_CONF ?= $(srcdir)/dev/regress.conf
-REGRESS_OPTS = --inputdir=test --temp-instance=$(CURDIR)/tmp_regress --temp-config=$(REGRESS_CONF)
+REGRESS_OPTS = --temp-instance=$(CURDIR)/tmp_regress --temp-config=$(REGRESS_CONF)
 
 EXTRA_CLEAN = src/scripts.h tmp_regress tmp_check results regression.diffs regression.out
 

@@ -3,7 +3,7 @@
 -- The full install script of the current version: the build copies this file to
 -- sql/ratelimit--<default_version>.sql. Edit it here. An installation made with an older
 -- version reaches the same objects through the update scripts sql/ratelimit--A--B.sql
--- (test/sql/upgrade.sql compares the two), so every change here needs one there too.
+-- (sql/upgrade.sql compares the two), so every change here needs one there too.
 --
 -- The public API is named rl_*; functions only the extension's own tables, constraints and
 -- views call are named _rl_* and are not part of it. Expressions that are parsed now (the

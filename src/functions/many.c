@@ -1,7 +1,7 @@
 /*
  * many.c
  *	  rl_consume_many: one policy, many subjects, an independent decision for
- *	  each in one round trip per Redis node (engine/batch.c).
+ *	  each in one round trip per Redis node (engine/decide.c).
  */
 #include "prelude.h"
 

@@ -9,7 +9,7 @@
  * one: local/keys.c) with the cost denied; until its retry-after has passed on this
  * server's clock, the same cost is denied here, with the time still to wait,
  * and a larger one too where its longer wait can be told without Redis
- * (engine/decision.c). Only Redis's answers are remembered, so a cached denial can
+ * (engine/decide.c). Only Redis's answers are remembered, so a cached denial can
  * only last too long (a refund or reset made by another server is not seen
  * here), never grant: refunds and resets made on this server forget the entry,
  * and a denial Redis decided before such a forget is not entered after it (a
