@@ -56,8 +56,7 @@ allowance_grant(const DecisionRequest *request, const LocalKey *key, int64 at_ms
 		return false;
 	plan->request = request;
 	plan->at_ms = at_ms;
-	plan->ask.key = key->hash;
-	plan->ask.check = key->check;
+	plan->ask.key = *key;
 	plan->ask.cost = request->cost;
 	plan->ask.allowance = policy->allowance;
 	plan->ask.ttl_ms = policy->allowance_ttl_ms;
@@ -106,7 +105,7 @@ allowance_plan(AllowancePlan *plan, SliceGrant *grant, SliceGiveBack *backs, int
 void
 allowance_wait(const AllowancePlan *plan)
 {
-	slices_wait(plan->ask.key, plan->ticket, plan->ask.now_ms, Max(deadline_command_timeout_ms, 1));
+	slices_wait(&plan->ask.key, plan->ticket, plan->ask.now_ms, Max(deadline_command_timeout_ms, 1));
 }
 
 /*

@@ -111,7 +111,7 @@ denial_learn(const DecisionRequest *request, const LocalKey *key, const Decision
 			.reset_until_ms = now_ms + Min(decision->reset_after_ms, longest),
 		};
 
-		deny_cache_remember(key, &entry, now_ms, asked_us);
+		deny_cache_remember(key, &entry, asked_us);
 	}
 }
 

@@ -4,9 +4,8 @@
  *
  * While Redis cannot answer, a 'local' policy decides from a bucket that every
  * backend of this server shares, with the same arithmetic as the Redis script
- * (each algorithm's C model, algorithm/). The table has a fixed number of slots (ratelimit.local_buckets),
- * split into partitions, each with its own lock. A subject's slot is found by
- * probing a few places from its hash. When they are all taken, a slot whose
+ * (each algorithm's C model, algorithm/). The table (local/table.c) has
+ * ratelimit.local_buckets slots. When a subject's probes are all taken, a slot whose
  * bucket has refilled completely is reused: forgetting a full bucket loses
  * nothing, since a new bucket starts full. If none is full, the decision is a
  * denial, so a full table can never grant more than the policy allows.
@@ -15,22 +14,17 @@
  */
 #include "prelude.h"
 
-#include "miscadmin.h"
 #include "port/atomics.h"
-#include "storage/lwlock.h"
 #include "storage/shmem.h"
 #include "utils/guc.h"
 
 #include "local/buckets.h"
+#include "local/table.h"
 
-#define LOCAL_PARTITIONS 16
-#define LOCAL_PROBES 8
-#define LOCAL_TRANCHE "ratelimit local buckets"
-
-/* One bucket; key hash 0 marks an empty slot. The parameters tell stale state from current. */
+/* One bucket. The parameters tell stale state from current. */
 typedef struct LocalSlot
 {
-	LocalKey	key;
+	LocalKey	key;			/* first, as local/table.c wants it */
 	Algorithm	algorithm;
 	WindowCalendar calendar;
 	int64		capacity;
@@ -40,24 +34,16 @@ typedef struct LocalSlot
 	BucketState state;
 } LocalSlot;
 
-typedef struct LocalTable
-{
-	int			slots_per_partition;
-	pg_atomic_uint32 in_use;
-	LocalSlot	slots[FLEXIBLE_ARRAY_MEMBER];
-} LocalTable;
-
 static int	local_buckets_setting = 10000;
 
-static LocalTable *table = NULL;
-static LWLockPadded *locks = NULL;
-
-/* Slots per partition, from the setting. */
-static int
-slots_per_partition(void)
-{
-	return Max((local_buckets_setting + LOCAL_PARTITIONS - 1) / LOCAL_PARTITIONS, LOCAL_PROBES);
-}
+static SharedTable table = {
+	.name = "ratelimit local buckets",
+	.slot_size = sizeof(LocalSlot),
+	.partitions = 16,
+	.probes = 8,
+};
+/* Slots in use, for rl_health. */
+static pg_atomic_uint32 *slots_in_use = NULL;
 
 /*
  * Defines ratelimit.local_buckets, which sizes the shared table: only when
@@ -78,15 +64,21 @@ local_init(bool preloaded)
 Size
 local_shmem_size(void)
 {
-	return add_size(offsetof(LocalTable, slots),
-					mul_size(sizeof(LocalSlot), mul_size(slots_per_partition(), LOCAL_PARTITIONS)));
+	return add_size(table_shmem_size(&table, local_buckets_setting), sizeof(pg_atomic_uint32));
 }
 
 /* Asks for the partition locks; called from the shmem request hook. */
 void
 local_shmem_request(void)
 {
-	RequestNamedLWLockTranche(LOCAL_TRANCHE, LOCAL_PARTITIONS);
+	table_shmem_request(&table);
+}
+
+/* An empty slot. */
+static void
+slot_init(void *slot)
+{
+	memset(slot, 0, sizeof(LocalSlot));
 }
 
 /* Attaches to (or creates) the table; called with AddinShmemInitLock held. */
@@ -95,21 +87,18 @@ local_shmem_init(void)
 {
 	bool		found;
 
-	table = ShmemInitStruct("ratelimit local buckets", local_shmem_size(), &found);
+	table_shmem_init(&table, local_buckets_setting, slot_init);
+	slots_in_use = ShmemInitStruct("ratelimit local buckets in use", sizeof(pg_atomic_uint32),
+								   &found);
 	if (!found)
-	{
-		memset(table, 0, local_shmem_size());
-		table->slots_per_partition = slots_per_partition();
-		pg_atomic_init_u32(&table->in_use, 0);
-	}
-	locks = GetNamedLWLockTranche(LOCAL_TRANCHE);
+		pg_atomic_init_u32(slots_in_use, 0);
 }
 
 /* True when the library was preloaded, so that local buckets exist. */
 bool
 local_available(void)
 {
-	return table != NULL;
+	return table_available(&table);
 }
 
 /* True when a slot's stored state was made with these parameters. */
@@ -149,15 +138,6 @@ slot_set_params(LocalSlot *slot, const BucketParams *params)
 	slot->window_ms = params->window_ms;
 }
 
-/* Puts a new bucket for key into slot (full, as a missing Redis key is). */
-static void
-slot_claim(LocalSlot *slot, const LocalKey *key, const BucketParams *params, int64 now_ms)
-{
-	slot->key = *key;
-	slot_set_params(slot, params);
-	limit_ops(params)->state_new(params, &slot->state, now_ms);
-}
-
 /*
  * The policy's local bucket changed (capacity or local_share): keep the whole
  * tokens the old bucket held at now_ms, at most the new capacity (a window:
@@ -181,6 +161,38 @@ slot_convert(LocalSlot *slot, const BucketParams *params, int64 now_ms)
 	limit_ops(params)->state_holding(params, &slot->state, now_ms, tokens);
 }
 
+/* What the eviction rule of local_apply knows: the policy, the time, and what it saw. */
+typedef struct Reuse
+{
+	const BucketParams *params;
+	int64		now_ms;
+	int64		soonest_full;	/* of the buckets kept: how long until one has refilled */
+} Reuse;
+
+/*
+ * The eviction rule: a bucket that has refilled completely gives way
+ * (forgetting a full bucket loses nothing, since a new one starts full);
+ * of the others, how long until the first is full.
+ */
+static bool
+reusable(void *slot, void *arg, int64 *rank)
+{
+	LocalSlot  *local = slot;
+	Reuse	   *reuse = arg;
+	/* A bucket is judged by the parameters it was made with. */
+	BucketParams own = slot_params(local, reuse->params);
+	BucketResult probe;
+	BucketState copy = local->state;
+
+	*rank = 0;
+	if (limit_ops(&own)->is_idle(&own, &local->state, reuse->now_ms))
+		return true;
+	/* How long until this one is full: a cost-free look at it. */
+	limit_ops(&own)->apply(&own, &copy, reuse->now_ms, 0, BUCKET_PEEK, &probe);
+	reuse->soonest_full = Min(reuse->soonest_full, probe.reset_after_ms);
+	return false;
+}
+
 /*
  * Decides from the local bucket of key (database, policy, version and
  * subject: local/keys.c), in mode (take, peek or refund). Cost must not
@@ -190,71 +202,34 @@ void
 local_apply(const BucketParams *params, const LocalKey *key, int64 now_ms, int64 cost,
 			BucketMode mode, BucketResult *result)
 {
-	int			per_partition = table->slots_per_partition;
-	int			partition = key->hash % LOCAL_PARTITIONS;
-	int			start = (key->hash / LOCAL_PARTITIONS) % per_partition;
-	LocalSlot  *slots = &table->slots[partition * per_partition];
-	LocalSlot  *chosen = NULL;
-	LocalSlot  *empty = NULL;
-	LocalSlot  *reusable = NULL;
-	int64		soonest_full = PG_INT64_MAX;
+	Reuse		reuse = {.params = params, .now_ms = now_ms, .soonest_full = PG_INT64_MAX};
+	int			partition;
+	LocalSlot  *chosen;
+	TableClaim	how;
 
 	Assert(key->hash != 0 && cost >= 0 && cost <= params->capacity);
-	LWLockAcquire(&locks[partition].lock, LW_EXCLUSIVE);
-	for (int i = 0; i < LOCAL_PROBES && chosen == NULL; i++)
+	partition = table_lock(&table, key, LW_EXCLUSIVE);
+	chosen = table_claim(&table, key, reusable, &reuse, &how);
+	if (chosen != NULL && how != TABLE_FOUND)
 	{
-		LocalSlot  *slot = &slots[(start + i) % per_partition];
-		BucketParams own;
-
-		if (slot->key.hash == key->hash && slot->key.check == key->check)
-			chosen = slot;
-		else if (slot->key.hash == 0)
-		{
-			if (empty == NULL)
-				empty = slot;
-		}
-		else if (reusable == NULL)
-		{
-			/* A bucket is judged by the parameters it was made with. */
-			own = slot_params(slot, params);
-			if (limit_ops(&own)->is_idle(&own, &slot->state, now_ms))
-				reusable = slot;
-			else
-			{
-				BucketResult probe;
-				BucketState copy = slot->state;
-
-				/* How long until this one is full: a cost-free look at it. */
-				limit_ops(&own)->apply(&own, &copy, now_ms, 0, BUCKET_PEEK, &probe);
-				soonest_full = Min(soonest_full, probe.reset_after_ms);
-			}
-		}
+		/* A new bucket, full, as a missing Redis key is. */
+		if (how == TABLE_WAS_EMPTY)
+			pg_atomic_fetch_add_u32(slots_in_use, 1);
+		slot_set_params(chosen, params);
+		limit_ops(params)->state_new(params, &chosen->state, now_ms);
 	}
-
-	if (chosen != NULL && !slot_matches(chosen, params))
+	else if (chosen != NULL && !slot_matches(chosen, params))
 		slot_convert(chosen, params, now_ms);
-	else if (chosen == NULL && empty != NULL)
-	{
-		chosen = empty;
-		slot_claim(chosen, key, params, now_ms);
-		pg_atomic_fetch_add_u32(&table->in_use, 1);
-	}
-	else if (chosen == NULL && reusable != NULL)
-	{
-		chosen = reusable;
-		slot_claim(chosen, key, params, now_ms);
-	}
-
 	if (chosen != NULL)
 		limit_ops(params)->apply(params, &chosen->state, now_ms, cost, mode, result);
-	LWLockRelease(&locks[partition].lock);
+	table_unlock(&table, partition);
 
 	if (chosen == NULL)
 	{
 		/* No room: deny until one of the buckets in the way has refilled. */
 		result->allowed = false;
 		result->remaining = 0;
-		result->retry_after_ms = Max(soonest_full, 1);
+		result->retry_after_ms = Max(reuse.soonest_full, 1);
 		result->reset_after_ms = result->retry_after_ms;
 	}
 }
@@ -263,6 +238,6 @@ local_apply(const BucketParams *params, const LocalKey *key, int64 now_ms, int64
 void
 local_usage(int *in_use, int *slots)
 {
-	*in_use = table ? (int) pg_atomic_read_u32(&table->in_use) : 0;
-	*slots = table ? table->slots_per_partition * LOCAL_PARTITIONS : 0;
+	*in_use = slots_in_use ? (int) pg_atomic_read_u32(slots_in_use) : 0;
+	*slots = table_size(&table);
 }

@@ -15,50 +15,36 @@
  * and a denial Redis decided before such a forget is not entered after it (a
  * partition remembers when it last forgot, and a denial asked before then is
  * dropped), so that a refund made here is never hidden.
- * The table has a fixed number of slots (ratelimit.deny_cache_size), in
- * partitions with a lock each; a subject's slot is found by probing a few
- * places from its hash, and when all are taken, the one whose denial ends
- * soonest gives way. Forgetting an entry only means asking Redis again.
+ * The table (local/table.c) has ratelimit.deny_cache_size slots; when a
+ * subject's probes are all taken, the one whose denial ends soonest gives way. Forgetting an entry only means asking Redis again.
  */
 #include "prelude.h"
 
-#include "miscadmin.h"
-#include "storage/lwlock.h"
 #include "storage/shmem.h"
 #include "utils/guc.h"
 
 #include "base/clock.h"
 #include "local/deny_cache.h"
+#include "local/table.h"
 
 #define DENY_PARTITIONS 16
-#define DENY_PROBES 4
-#define DENY_TRANCHE "ratelimit deny cache"
 
 typedef struct DenySlot
 {
-	LocalKey	key;			/* hash 0: empty */
+	LocalKey	key;			/* first, as local/table.c wants it */
 	DenyEntry	entry;
 } DenySlot;
 
-typedef struct DenyTable
-{
-	int			slots_per_partition;
-	/* When each partition last forgot a denial (clock_monotonic_us), under its lock. */
-	int64		forgot_us[DENY_PARTITIONS];
-	DenySlot	slots[FLEXIBLE_ARRAY_MEMBER];
-} DenyTable;
-
 static int	deny_cache_size = 10000;
 
-static DenyTable *table = NULL;
-static LWLockPadded *locks = NULL;
-
-static int
-slots_per_partition(void)
-{
-	return deny_cache_size == 0 ? 0 :
-		Max((deny_cache_size + DENY_PARTITIONS - 1) / DENY_PARTITIONS, DENY_PROBES);
-}
+static SharedTable table = {
+	.name = "ratelimit deny cache",
+	.slot_size = sizeof(DenySlot),
+	.partitions = DENY_PARTITIONS,
+	.probes = 4,
+};
+/* When each partition last forgot a denial (clock_monotonic_us), under its lock. */
+static int64 *forgot_us = NULL;
 
 /* Defines ratelimit.deny_cache_size; only when preloaded, since only then is there a table. */
 void
@@ -75,14 +61,20 @@ deny_cache_init(bool preloaded)
 Size
 deny_cache_shmem_size(void)
 {
-	return add_size(offsetof(DenyTable, slots),
-					mul_size(sizeof(DenySlot), mul_size(slots_per_partition(), DENY_PARTITIONS)));
+	return add_size(table_shmem_size(&table, deny_cache_size), sizeof(int64) * DENY_PARTITIONS);
 }
 
 void
 deny_cache_shmem_request(void)
 {
-	RequestNamedLWLockTranche(DENY_TRANCHE, DENY_PARTITIONS);
+	table_shmem_request(&table);
+}
+
+/* An empty slot. */
+static void
+slot_init(void *slot)
+{
+	memset(slot, 0, sizeof(DenySlot));
 }
 
 /* Attaches to (or creates) the table; called with AddinShmemInitLock held. */
@@ -91,36 +83,18 @@ deny_cache_shmem_init(void)
 {
 	bool		found;
 
-	table = ShmemInitStruct("ratelimit deny cache", deny_cache_shmem_size(), &found);
+	table_shmem_init(&table, deny_cache_size, slot_init);
+	forgot_us = ShmemInitStruct("ratelimit deny cache forgets", sizeof(int64) * DENY_PARTITIONS,
+								&found);
 	if (!found)
-	{
-		memset(table, 0, deny_cache_shmem_size());
-		table->slots_per_partition = slots_per_partition();
-	}
-	locks = GetNamedLWLockTranche(DENY_TRANCHE);
+		memset(forgot_us, 0, sizeof(int64) * DENY_PARTITIONS);
 }
 
 /* True when denials can be remembered: preloaded, with slots. */
 bool
 deny_cache_available(void)
 {
-	return table != NULL && table->slots_per_partition > 0;
-}
-
-/* The partition of key and the first of its probes. */
-static DenySlot *
-partition_of(const LocalKey *key, int *partition, int *start)
-{
-	*partition = key->hash % DENY_PARTITIONS;
-	*start = (key->hash / DENY_PARTITIONS) % table->slots_per_partition;
-	return &table->slots[*partition * table->slots_per_partition];
-}
-
-/* True when slot holds key: the placing hash and the keyed check agree. */
-static bool
-slot_holds(const DenySlot *slot, const LocalKey *key)
-{
-	return slot->key.hash == key->hash && slot->key.check == key->check;
+	return table_available(&table);
 }
 
 /*
@@ -130,25 +104,23 @@ slot_holds(const DenySlot *slot, const LocalKey *key)
 bool
 deny_cache_find(const LocalKey *key, int64 cost, bool larger, int64 now_ms, DenyEntry *entry)
 {
-	int			partition;
-	int			start;
-	DenySlot   *slots = partition_of(key, &partition, &start);
-	bool		found = false;
+	int			partition = table_lock(&table, key, LW_SHARED);
+	DenySlot   *slot = table_find(&table, key);
+	bool		found = slot != NULL && slot->entry.until_ms > now_ms &&
+		(cost == slot->entry.cost || (larger && cost > slot->entry.cost));
 
-	LWLockAcquire(&locks[partition].lock, LW_SHARED);
-	for (int i = 0; i < DENY_PROBES && !found; i++)
-	{
-		DenySlot   *slot = &slots[(start + i) % table->slots_per_partition];
-
-		if (slot_holds(slot, key) && slot->entry.until_ms > now_ms &&
-			(cost == slot->entry.cost || (larger && cost > slot->entry.cost)))
-		{
-			*entry = slot->entry;
-			found = true;
-		}
-	}
-	LWLockRelease(&locks[partition].lock);
+	if (found)
+		*entry = slot->entry;
+	table_unlock(&table, partition);
 	return found;
+}
+
+/* The eviction rule: the denial that ends soonest gives way (one that has ended first). */
+static bool
+ends_soonest(void *slot, void *arg, int64 *rank)
+{
+	*rank = ((DenySlot *) slot)->entry.until_ms;
+	return true;
 }
 
 /*
@@ -157,57 +129,30 @@ deny_cache_find(const LocalKey *key, int64 cost, bool larger, int64 now_ms, Deny
  * take was sent): a refund made here meanwhile may not be in it.
  */
 void
-deny_cache_remember(const LocalKey *key, const DenyEntry *entry, int64 now_ms, int64 asked_us)
+deny_cache_remember(const LocalKey *key, const DenyEntry *entry, int64 asked_us)
 {
-	int			partition;
-	int			start;
-	DenySlot   *slots = partition_of(key, &partition, &start);
-	DenySlot   *chosen = NULL;
+	int			partition = table_lock(&table, key, LW_EXCLUSIVE);
+	DenySlot   *chosen;
+	TableClaim	how;
 
-	LWLockAcquire(&locks[partition].lock, LW_EXCLUSIVE);
-	if (table->forgot_us[partition] >= asked_us)
+	if (forgot_us[partition] < asked_us)
 	{
-		LWLockRelease(&locks[partition].lock);
-		return;
+		/* The latest denial of the subject is the one kept (its cost, its wait). */
+		chosen = table_claim(&table, key, ends_soonest, NULL, &how);
+		chosen->entry = *entry;
 	}
-	for (int i = 0; i < DENY_PROBES; i++)
-	{
-		DenySlot   *slot = &slots[(start + i) % table->slots_per_partition];
-
-		if (slot_holds(slot, key) || slot->key.hash == 0 || slot->entry.until_ms <= now_ms)
-		{
-			chosen = slot;
-			if (slot_holds(slot, key))
-				break;
-		}
-		else if (chosen == NULL || slot->entry.until_ms < chosen->entry.until_ms)
-			chosen = slot;
-	}
-	/* The latest denial of the subject is the one kept (its cost, its wait). */
-	chosen->key = *key;
-	chosen->entry = *entry;
-	LWLockRelease(&locks[partition].lock);
+	table_unlock(&table, partition);
 }
 
 /* Forgets key's denial (a refund or reset made here), and any in flight (see deny_cache_remember). */
 void
 deny_cache_forget(const LocalKey *key)
 {
-	int			partition;
-	int			start;
-	DenySlot   *slots = partition_of(key, &partition, &start);
+	int			partition = table_lock(&table, key, LW_EXCLUSIVE);
+	DenySlot   *slot = table_find(&table, key);
 
-	LWLockAcquire(&locks[partition].lock, LW_EXCLUSIVE);
-	table->forgot_us[partition] = clock_monotonic_us();
-	for (int i = 0; i < DENY_PROBES; i++)
-	{
-		DenySlot   *slot = &slots[(start + i) % table->slots_per_partition];
-
-		if (slot_holds(slot, key))
-		{
-			slot->key.hash = 0;
-			slot->entry.until_ms = 0;
-		}
-	}
-	LWLockRelease(&locks[partition].lock);
+	forgot_us[partition] = clock_monotonic_us();
+	if (slot != NULL)
+		memset(slot, 0, sizeof(DenySlot));
+	table_unlock(&table, partition);
 }

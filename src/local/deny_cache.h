@@ -24,8 +24,7 @@ extern void deny_cache_shmem_init(void);
 extern bool deny_cache_available(void);
 extern bool deny_cache_find(const LocalKey *key, int64 cost, bool larger, int64 now_ms,
 							DenyEntry *entry);
-extern void deny_cache_remember(const LocalKey *key, const DenyEntry *entry, int64 now_ms,
-								int64 asked_us);
+extern void deny_cache_remember(const LocalKey *key, const DenyEntry *entry, int64 asked_us);
 extern void deny_cache_forget(const LocalKey *key);
 
 #endif							/* RL_DENY_CACHE_H */

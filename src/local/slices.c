@@ -23,13 +23,12 @@
  * asks of this server and a subject asked once in a while parks nothing.
  *
  * A slot's key is the local buckets' hash of database, policy, version,
- * installation and subject; its keyed check (local/keys.c) tells two
- * subjects whose keys collide apart (the second gets no slice), so a slice
+ * installation and subject with its keyed check (local/keys.c), so a slice
  * is never granted to a subject it was not taken for.
  *
- * The table has ratelimit.allowance_size slots in partitions with a lock
- * each; a subject's slot is one of a few probed from its hash, and when all
- * are taken, the least asked of those holding no live slice gives way.
+ * The table (local/table.c) has ratelimit.allowance_size slots; when a
+ * subject's probes are all taken, the least asked of those holding no live
+ * slice and no fetch gives way.
  * Takes from a live slice hold the lock shared (the slice's tokens and the
  * demand are atomics); everything else holds it exclusively. Losing a slot
  * or its slice (a crash, a restart) only loses tokens.
@@ -41,15 +40,14 @@
 #include "port/atomics.h"
 #include "storage/condition_variable.h"
 #include "storage/ipc.h"
-#include "storage/lwlock.h"
 #include "storage/shmem.h"
 #include "utils/guc.h"
 #include "utils/timestamp.h"
 
 #include "local/slices.h"
+#include "local/table.h"
 
 #define SLICE_PARTITIONS 16
-#define SLICE_PROBES 4
 /* The longest a fetch is waited for, whatever its deadline (a lost one's backend ended without a reply). */
 #define SLICE_FETCH_STALE_MS 10000
 /* Slots a fetch looks at for expired slices to give back. */
@@ -58,8 +56,7 @@
 
 typedef struct SliceSlot
 {
-	uint64		key;			/* 0: empty */
-	uint64		check;			/* the subject's keyed check (SliceAsk.check) */
+	LocalKey	key;			/* first, as local/table.c wants it */
 	Oid			database;
 	uint32		ticket;			/* the fetch of a new slice under way (0: none) */
 	uint32		dropped;		/* a fetch whose slice rl_reset made void */
@@ -81,36 +78,43 @@ typedef struct SliceSlot
 	int64		starved_until_ms;
 } SliceSlot;
 
-typedef struct SliceTable
+/* What the partitions share besides their slots. */
+typedef struct SliceShared
 {
-	int			slots_per_partition;
 	pg_atomic_uint32 tickets;
 	int			sweep[SLICE_PARTITIONS];	/* where each partition's next sweep starts */
 	ConditionVariable fetched[SLICE_PARTITIONS];	/* a fetch of the partition ended */
-	SliceSlot	slots[FLEXIBLE_ARRAY_MEMBER];
-} SliceTable;
+} SliceShared;
 
 static int	allowance_size = 1000;
 
-static SliceTable *table = NULL;
-static LWLockPadded *locks = NULL;
+static SharedTable table = {
+	.name = "ratelimit slices",
+	.slot_size = sizeof(SliceSlot),
+	.partitions = SLICE_PARTITIONS,
+	.probes = 4,
+};
+static SliceShared *shared = NULL;
 static bool exit_callback = false;
 
-static int
-slots_per_partition(void)
-{
-	return allowance_size == 0 ? 0 :
-		Max((allowance_size + SLICE_PARTITIONS - 1) / SLICE_PARTITIONS, SLICE_PROBES);
-}
-
-/* Empties slot and gives it to key (0: none). */
+/* Empties slot, keeping its key (an empty slot's is 0). */
 static void
-slot_init(SliceSlot *slot, uint64 key)
+slot_clear(SliceSlot *slot)
 {
+	LocalKey	key = slot->key;
+
 	memset(slot, 0, sizeof(*slot));
 	pg_atomic_init_u64(&slot->left, 0);
 	pg_atomic_init_u64(&slot->used, 0);
 	slot->key = key;
+}
+
+/* An empty slot. */
+static void
+slot_init(void *slot)
+{
+	slot_clear(slot);
+	((SliceSlot *) slot)->key.hash = 0;
 }
 
 /* Defines ratelimit.allowance_size; only when preloaded, since only then is there a table. */
@@ -128,14 +132,13 @@ slices_init(bool preloaded)
 Size
 slices_shmem_size(void)
 {
-	return add_size(offsetof(SliceTable, slots),
-					mul_size(sizeof(SliceSlot), mul_size(slots_per_partition(), SLICE_PARTITIONS)));
+	return add_size(table_shmem_size(&table, allowance_size), sizeof(SliceShared));
 }
 
 void
 slices_shmem_request(void)
 {
-	RequestNamedLWLockTranche(SLICE_TRANCHE, SLICE_PARTITIONS);
+	table_shmem_request(&table);
 }
 
 /* Attaches to (or creates) the table; called with AddinShmemInitLock held. */
@@ -144,59 +147,22 @@ slices_shmem_init(void)
 {
 	bool		found;
 
-	table = ShmemInitStruct("ratelimit slices", slices_shmem_size(), &found);
+	table_shmem_init(&table, allowance_size, slot_init);
+	shared = ShmemInitStruct("ratelimit slices shared", sizeof(SliceShared), &found);
 	if (!found)
 	{
-		memset(table, 0, slices_shmem_size());
-		table->slots_per_partition = slots_per_partition();
-		pg_atomic_init_u32(&table->tickets, 0);
+		memset(shared, 0, sizeof(SliceShared));
+		pg_atomic_init_u32(&shared->tickets, 0);
 		for (int i = 0; i < SLICE_PARTITIONS; i++)
-			ConditionVariableInit(&table->fetched[i]);
-		for (int i = 0; i < SLICE_PARTITIONS * table->slots_per_partition; i++)
-			slot_init(&table->slots[i], 0);
+			ConditionVariableInit(&shared->fetched[i]);
 	}
-	locks = GetNamedLWLockTranche(SLICE_TRANCHE);
 }
 
 /* True when this server can hold slices: preloaded, with slots. */
 bool
 slices_available(void)
 {
-	return table != NULL && table->slots_per_partition > 0;
-}
-
-/* The slots of key's partition (its lock in *partition) and the first of its probes. */
-static SliceSlot *
-partition_of(uint64 key, int *partition, int *start)
-{
-	*partition = key % SLICE_PARTITIONS;
-	*start = (key / SLICE_PARTITIONS) % table->slots_per_partition;
-	return &table->slots[*partition * table->slots_per_partition];
-}
-
-/* key's slot among its probes, or NULL. */
-static SliceSlot *
-find(SliceSlot *slots, int start, uint64 key)
-{
-	for (int i = 0; i < SLICE_PROBES; i++)
-	{
-		SliceSlot  *slot = &slots[(start + i) % table->slots_per_partition];
-
-		if (slot->key == key)
-			return slot;
-	}
-	return NULL;
-}
-
-/* Locks key's partition in mode and returns key's slot (NULL: none); *partition is the lock's. */
-static SliceSlot *
-lock_slot(uint64 key, LWLockMode mode, int *partition)
-{
-	int			start;
-	SliceSlot  *slots = partition_of(key, partition, &start);
-
-	LWLockAcquire(&locks[*partition].lock, mode);
-	return find(slots, start, key);
+	return table_available(&table);
 }
 
 /*
@@ -257,35 +223,32 @@ demand_of(SliceSlot *slot)
 	return pg_atomic_read_u64(&slot->used) + slot->used_before;
 }
 
+/* The eviction rule: a slot holding no live slice and no fetch gives way, the least asked first. */
+static bool
+idle(void *slot, void *arg, int64 *rank)
+{
+	const SliceAsk *ask = arg;
+
+	*rank = demand_of(slot);
+	return !live(slot, ask->now_ms) && !fetching(slot, ask->now_ms);
+}
+
 /*
- * A slot for key among its probes: an empty one, else the least asked one
- * holding no live slice and no fetch (its slice handed back); NULL when
- * every one is busy.
+ * A new slot for ask's subject, with its partition locked exclusively: an
+ * empty one, else one that idle lets go (its slice handed back); NULL when
+ * every probe is busy.
  */
 static SliceSlot *
-claim(SliceSlot *slots, int start, const SliceAsk *ask, SliceGiveBack *backs, int *nbacks)
+claim(const SliceAsk *ask, SliceGiveBack *backs, int *nbacks)
 {
-	SliceSlot  *chosen = NULL;
+	TableClaim	how;
+	SliceSlot  *chosen = table_claim(&table, &ask->key, idle, (void *) ask, &how);
 
-	for (int i = 0; i < SLICE_PROBES; i++)
-	{
-		SliceSlot  *slot = &slots[(start + i) % table->slots_per_partition];
-
-		if (slot->key == 0)
-		{
-			chosen = slot;
-			break;
-		}
-		if (live(slot, ask->now_ms) || fetching(slot, ask->now_ms))
-			continue;
-		if (chosen == NULL || demand_of(slot) < demand_of(chosen))
-			chosen = slot;
-	}
 	if (chosen == NULL)
 		return NULL;
-	hand_back(chosen, ask->now_ms, backs, nbacks);
-	slot_init(chosen, ask->key);
-	chosen->check = ask->check;
+	if (how == TABLE_EVICTED)
+		hand_back(chosen, ask->now_ms, backs, nbacks);
+	slot_clear(chosen);
 	chosen->database = MyDatabaseId;
 	chosen->period_ms = ask->now_ms;
 	return chosen;
@@ -297,16 +260,16 @@ claim(SliceSlot *slots, int start, const SliceAsk *ask, SliceGiveBack *backs, in
  * goes on where the last one ended).
  */
 static void
-sweep(int partition, SliceSlot *slots, int64 now_ms, SliceGiveBack *backs, int *nbacks)
+sweep(int partition, int64 now_ms, SliceGiveBack *backs, int *nbacks)
 {
-	int			n = Min(SLICE_SWEEP, table->slots_per_partition);
+	int			n = Min(SLICE_SWEEP, table.slots_per_partition);
 
 	for (int i = 0; i < n && *nbacks < SLICE_MAX_GIVEBACKS; i++)
 	{
-		SliceSlot  *other = &slots[table->sweep[partition]];
+		SliceSlot  *other = table_slot(&table, partition, shared->sweep[partition]);
 
-		table->sweep[partition] = (table->sweep[partition] + 1) % table->slots_per_partition;
-		if (other->key != 0 && other->database == MyDatabaseId &&
+		shared->sweep[partition] = (shared->sweep[partition] + 1) % table.slots_per_partition;
+		if (other->key.hash != 0 && other->database == MyDatabaseId &&
 			pg_atomic_read_u64(&other->left) > 0 && !live(other, now_ms) &&
 			!fetching(other, now_ms))
 			hand_back(other, now_ms, backs, nbacks);
@@ -335,7 +298,7 @@ take_from(SliceSlot *slot, const SliceAsk *ask, SliceGrant *grant)
 {
 	uint64		left;
 
-	if (slot->check != ask->check || !live(slot, ask->now_ms) || !same_origin(slot, ask))
+	if (!live(slot, ask->now_ms) || !same_origin(slot, ask))
 		return false;
 	left = pg_atomic_read_u64(&slot->left);
 	do
@@ -353,7 +316,7 @@ take_from(SliceSlot *slot, const SliceAsk *ask, SliceGrant *grant)
 static bool
 starved(const SliceSlot *slot, const SliceAsk *ask)
 {
-	return slot->check == ask->check && ask->now_ms < slot->starved_until_ms;
+	return ask->now_ms < slot->starved_until_ms;
 }
 
 /*
@@ -365,12 +328,12 @@ starved(const SliceSlot *slot, const SliceAsk *ask)
 bool
 slices_grant(const SliceAsk *ask, SliceGrant *grant, bool *alone)
 {
-	int			partition;
-	SliceSlot  *slot = lock_slot(ask->key, LW_SHARED, &partition);
+	int			partition = table_lock(&table, &ask->key, LW_SHARED);
+	SliceSlot  *slot = table_find(&table, &ask->key);
 	bool		granted = slot != NULL && take_from(slot, ask, grant);
 
 	*alone = !granted && slot != NULL && starved(slot, ask);
-	LWLockRelease(&locks[partition].lock);
+	table_unlock(&table, partition);
 	return granted;
 }
 
@@ -380,14 +343,16 @@ abandon_mine(int code, Datum arg)
 {
 	for (int partition = 0; partition < SLICE_PARTITIONS; partition++)
 	{
-		SliceSlot  *slots = &table->slots[partition * table->slots_per_partition];
+		LWLockAcquire(&table.locks[partition].lock, LW_EXCLUSIVE);
+		for (int i = 0; i < table.slots_per_partition; i++)
+		{
+			SliceSlot  *slot = table_slot(&table, partition, i);
 
-		LWLockAcquire(&locks[partition].lock, LW_EXCLUSIVE);
-		for (int i = 0; i < table->slots_per_partition; i++)
-			if (slots[i].ticket != 0 && slots[i].fetch_pid == MyProcPid)
-				slots[i].ticket = 0;
-		LWLockRelease(&locks[partition].lock);
-		ConditionVariableBroadcast(&table->fetched[partition]);
+			if (slot->ticket != 0 && slot->fetch_pid == MyProcPid)
+				slot->ticket = 0;
+		}
+		LWLockRelease(&table.locks[partition].lock);
+		ConditionVariableBroadcast(&shared->fetched[partition]);
 	}
 }
 
@@ -407,19 +372,15 @@ slices_take(const SliceAsk *ask, SliceGrant *grant, uint32 *ticket, int64 *want,
 			SliceGiveBack *backs, int *nbacks)
 {
 	int			partition;
-	int			start;
-	SliceSlot  *slots = partition_of(ask->key, &partition, &start);
 	SliceSlot  *slot;
 	SliceOutcome outcome = SLICE_NONE;
 	int64		now_ms = ask->now_ms;
 
 	*nbacks = 0;
-	LWLockAcquire(&locks[partition].lock, LW_EXCLUSIVE);
-	slot = find(slots, start, ask->key);
+	partition = table_lock(&table, &ask->key, LW_EXCLUSIVE);
+	slot = table_find(&table, &ask->key);
 	if (slot == NULL)
-		(void) claim(slots, start, ask, backs, nbacks);
-	else if (slot->check != ask->check)
-		outcome = SLICE_NONE;	/* another subject's (their keys collide): no slice for this one */
+		(void) claim(ask, backs, nbacks);
 	else if (take_from(slot, ask, grant))
 		outcome = SLICE_GRANTED;
 	else if (starved(slot, ask))
@@ -441,9 +402,9 @@ slices_take(const SliceAsk *ask, SliceGrant *grant, uint32 *ticket, int64 *want,
 			uint32		next;
 
 			hand_back(slot, now_ms, backs, nbacks);
-			sweep(partition, slots, now_ms, backs, nbacks);
+			sweep(partition, now_ms, backs, nbacks);
 			do
-				next = pg_atomic_add_fetch_u32(&table->tickets, 1);
+				next = pg_atomic_add_fetch_u32(&shared->tickets, 1);
 			while (next == 0);
 			slot->ticket = *ticket = next;
 			slot->fetch_pid = MyProcPid;
@@ -454,7 +415,7 @@ slices_take(const SliceAsk *ask, SliceGrant *grant, uint32 *ticket, int64 *want,
 		else if (!live(slot, now_ms) || !same_origin(slot, ask))
 			hand_back(slot, now_ms, backs, nbacks);
 	}
-	LWLockRelease(&locks[partition].lock);
+	table_unlock(&table, partition);
 	if (outcome == SLICE_FETCH && !exit_callback)
 	{
 		before_shmem_exit(abandon_mine, (Datum) 0);
@@ -475,13 +436,13 @@ SliceInstall
 slices_install(const SliceAsk *ask, uint32 ticket, int64 taken_ms, const SliceGrant *slice,
 			   int64 starved_until_ms)
 {
-	int			partition;
-	SliceSlot  *slot = lock_slot(ask->key, LW_EXCLUSIVE, &partition);
+	int			partition = table_lock(&table, &ask->key, LW_EXCLUSIVE);
+	SliceSlot  *slot = table_find(&table, &ask->key);
 	SliceInstall result = SLICE_MOVED_ON;
 
 	if (slot != NULL && slot->dropped == ticket)
 		result = SLICE_DROPPED;
-	else if (slot != NULL && slot->ticket == ticket && slot->check == ask->check)
+	else if (slot != NULL && slot->ticket == ticket)
 	{
 		slot->ticket = 0;
 		slot->slice = *slice;
@@ -496,8 +457,8 @@ slices_install(const SliceAsk *ask, uint32 ticket, int64 taken_ms, const SliceGr
 		slot->starved_until_ms = starved_until_ms;
 		result = SLICE_INSTALLED;
 	}
-	LWLockRelease(&locks[partition].lock);
-	ConditionVariableBroadcast(&table->fetched[partition]);
+	table_unlock(&table, partition);
+	ConditionVariableBroadcast(&shared->fetched[partition]);
 	return result;
 }
 
@@ -509,8 +470,8 @@ slices_install(const SliceAsk *ask, uint32 ticket, int64 taken_ms, const SliceGr
 void
 slices_abandon(const SliceAsk *ask, uint32 ticket, int64 starved_until_ms)
 {
-	int			partition;
-	SliceSlot  *slot = lock_slot(ask->key, LW_EXCLUSIVE, &partition);
+	int			partition = table_lock(&table, &ask->key, LW_EXCLUSIVE);
+	SliceSlot  *slot = table_find(&table, &ask->key);
 
 	if (slot != NULL && slot->ticket == ticket)
 	{
@@ -518,8 +479,8 @@ slices_abandon(const SliceAsk *ask, uint32 ticket, int64 starved_until_ms)
 		if (starved_until_ms != 0)
 			slot->starved_until_ms = starved_until_ms;
 	}
-	LWLockRelease(&locks[partition].lock);
-	ConditionVariableBroadcast(&table->fetched[partition]);
+	table_unlock(&table, partition);
+	ConditionVariableBroadcast(&shared->fetched[partition]);
 }
 
 /*
@@ -528,28 +489,28 @@ slices_abandon(const SliceAsk *ask, uint32 ticket, int64 starved_until_ms)
  * or is stale. Interrupts are served while waiting (a cancel ends it).
  */
 void
-slices_wait(uint64 key, uint32 ticket, int64 now_ms, int timeout_ms)
+slices_wait(const LocalKey *key, uint32 ticket, int64 now_ms, int timeout_ms)
 {
-	int			partition;
-	int			start;
+	int			partition = key->hash % SLICE_PARTITIONS;
 	TimestampTz started = GetCurrentTimestamp();
 
-	(void) partition_of(key, &partition, &start);
-	ConditionVariablePrepareToSleep(&table->fetched[partition]);
+	ConditionVariablePrepareToSleep(&shared->fetched[partition]);
 	for (;;)
 	{
-		SliceSlot  *slot = lock_slot(key, LW_SHARED, &partition);
+		SliceSlot  *slot;
 		bool		under_way;
 		int64		elapsed = TimestampDifferenceMilliseconds(started, GetCurrentTimestamp());
 		int64		left = timeout_ms - elapsed;
 
+		(void) table_lock(&table, key, LW_SHARED);
+		slot = table_find(&table, key);
 		under_way = slot != NULL && slot->ticket == ticket;
 		/* A fetch is waited for until its own deadline, no longer (a lost one's too). */
 		if (under_way)
 			left = Min(left, slot->fetch_until_ms - now_ms - elapsed);
-		LWLockRelease(&locks[partition].lock);
+		table_unlock(&table, partition);
 		if (!under_way || left <= 0 ||
-			ConditionVariableTimedSleep(&table->fetched[partition], (long) left, PG_WAIT_EXTENSION))
+			ConditionVariableTimedSleep(&shared->fetched[partition], (long) left, PG_WAIT_EXTENSION))
 			break;
 	}
 	ConditionVariableCancelSleep();
@@ -559,15 +520,15 @@ slices_wait(uint64 key, uint32 ticket, int64 now_ms, int timeout_ms)
 void
 slices_note(const SliceAsk *ask)
 {
-	int			partition;
-	SliceSlot  *slot = lock_slot(ask->key, LW_EXCLUSIVE, &partition);
+	int			partition = table_lock(&table, &ask->key, LW_EXCLUSIVE);
+	SliceSlot  *slot = table_find(&table, &ask->key);
 
-	if (slot != NULL && slot->check == ask->check)
+	if (slot != NULL)
 	{
 		rotate(slot, ask->now_ms, ask->ttl_ms);
 		pg_atomic_fetch_add_u64(&slot->used, ask->cost);
 	}
-	LWLockRelease(&locks[partition].lock);
+	table_unlock(&table, partition);
 }
 
 /*
@@ -583,8 +544,9 @@ slices_forget(const LocalKey *key)
 
 	if (!slices_available())
 		return;
-	slot = lock_slot(key->hash, LW_EXCLUSIVE, &partition);
-	if (slot != NULL && slot->check == key->check)
+	partition = table_lock(&table, key, LW_EXCLUSIVE);
+	slot = table_find(&table, key);
+	if (slot != NULL)
 	{
 		pg_atomic_write_u64(&slot->left, 0);
 		if (slot->ticket != 0)
@@ -592,6 +554,6 @@ slices_forget(const LocalKey *key)
 		slot->ticket = 0;
 		slot->starved_until_ms = 0;	/* the bucket is full again */
 	}
-	LWLockRelease(&locks[partition].lock);
-	ConditionVariableBroadcast(&table->fetched[partition]);
+	table_unlock(&table, partition);
+	ConditionVariableBroadcast(&shared->fetched[partition]);
 }

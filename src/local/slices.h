@@ -31,8 +31,7 @@ typedef struct SliceGiveBack
 /* One take's question to the table. */
 typedef struct SliceAsk
 {
-	uint64		key;			/* the subject's placing hash (LocalKey.hash) */
-	uint64		check;			/* its keyed check: two subjects whose hashes collide differ here */
+	LocalKey	key;			/* the subject in shared memory */
 	int64		cost;
 	int64		allowance;		/* the most tokens one slice holds */
 	int64		ttl_ms;			/* how long a slice may be used */
@@ -81,7 +80,7 @@ extern SliceOutcome slices_take(const SliceAsk *ask, SliceGrant *grant, uint32 *
 extern SliceInstall slices_install(const SliceAsk *ask, uint32 ticket, int64 taken_ms,
 								   const SliceGrant *slice, int64 starved_until_ms);
 extern void slices_abandon(const SliceAsk *ask, uint32 ticket, int64 starved_until_ms);
-extern void slices_wait(uint64 key, uint32 ticket, int64 now_ms, int timeout_ms);
+extern void slices_wait(const LocalKey *key, uint32 ticket, int64 now_ms, int timeout_ms);
 extern void slices_note(const SliceAsk *ask);
 extern void slices_forget(const LocalKey *key);
 
