@@ -1,5 +1,6 @@
 -- ratelimit 0.8.0 -> 0.9.0: a restore of a dump that has no installation id keeps reading
--- the keys its policies used.
+-- the keys its policies used; a policy with an allowance that can take no slices (no
+-- preload) is warned of.
 -- Every operator and function outside a function with a pinned search_path is written
 -- with pg_catalog: this script runs with the extension's schema in search_path.
 \echo Use "ALTER EXTENSION ratelimit UPDATE TO '0.9.0'" to load this file. \quit
@@ -55,5 +56,49 @@ BEGIN
             object || ':' || name || ':' || coalesce(subject, '') || ':' || supplied, true);
     END IF;
     RETURN supplied;
+END
+$$;
+
+-- Sets a policy's version: a new one on insert (see _rl_inserted_version for a row that
+-- brings one) and whenever algorithm, capacity, refill or time zone change; otherwise the old one,
+-- whatever the statement said. Refuses an algorithm change that its 'limit' overrides
+-- could not follow; warns when a 'local' policy has no local bucket to fall back on, and
+-- when a policy with an allowance can take no slices.
+-- SECURITY DEFINER so that policy administrators need no right on the sequence.
+CREATE OR REPLACE FUNCTION @extschema@._rl_policy_set_version() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_RELID <> '@extschema@.rl_policy'::regclass THEN
+        RAISE EXCEPTION '_rl_policy_set_version is a trigger of rl_policy only'
+            USING ERRCODE = 'trigger_protocol_violated';
+    END IF;
+    IF NEW.fail_mode = 'local' AND (TG_OP = 'INSERT' OR OLD.fail_mode <> 'local')
+       AND NOT @extschema@._rl_local_available() THEN
+        RAISE WARNING 'policy "%" falls back to closed, not local, while Redis cannot answer', NEW.name
+            USING DETAIL = 'Local fallback buckets live in shared memory: ratelimit is not in shared_preload_libraries.',
+                  HINT = 'Add ratelimit to shared_preload_libraries and restart the server.';
+    END IF;
+    -- ratelimit.allowance_size exists only when preloaded.
+    IF NEW.allowance IS NOT NULL AND (TG_OP = 'INSERT' OR OLD.allowance IS NULL)
+       AND coalesce(current_setting('ratelimit.allowance_size', true), '0') = '0' THEN
+        RAISE WARNING 'policy "%" takes no slices: every decision asks Redis', NEW.name
+            USING DETAIL = 'Slices live in shared memory: ratelimit is not in shared_preload_libraries, or ratelimit.allowance_size is 0.',
+                  HINT = 'Add ratelimit to shared_preload_libraries (and give ratelimit.allowance_size slots), then restart the server.';
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        NEW.version := @extschema@._rl_inserted_version('policy', NEW.name, NULL, to_jsonb(NEW));
+    ELSIF (NEW.algorithm, NEW.capacity, NEW.refill_amount, NEW.refill_period, NEW.time_zone)
+          IS DISTINCT FROM (OLD.algorithm, OLD.capacity, OLD.refill_amount, OLD.refill_period, OLD.time_zone) THEN
+        IF NEW.algorithm <> OLD.algorithm AND EXISTS (
+            SELECT FROM @extschema@.rl_override o WHERE o.policy = OLD.name AND o.action = 'limit') THEN
+            RAISE EXCEPTION 'policy "%" has limit overrides that only fit algorithm "%"', OLD.name, OLD.algorithm
+                USING ERRCODE = 'check_violation', CONSTRAINT = 'rl_override_algorithm_check',
+                      HINT = 'Delete or change its overrides with action ''limit'' first.';
+        END IF;
+        NEW.version := nextval('@extschema@.rl_policy_version_seq');
+    ELSE
+        NEW.version := OLD.version;
+    END IF;
+    RETURN NEW;
 END
 $$;

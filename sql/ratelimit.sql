@@ -422,7 +422,8 @@ REVOKE ALL ON FUNCTION @extschema@._rl_policy_record() FROM PUBLIC;
 -- Sets a policy's version: a new one on insert (see _rl_inserted_version for a row that
 -- brings one) and whenever algorithm, capacity, refill or time zone change; otherwise the old one,
 -- whatever the statement said. Refuses an algorithm change that its 'limit' overrides
--- could not follow; warns when a 'local' policy has no local bucket to fall back on.
+-- could not follow; warns when a 'local' policy has no local bucket to fall back on, and
+-- when a policy with an allowance can take no slices.
 -- SECURITY DEFINER so that policy administrators need no right on the sequence.
 CREATE FUNCTION @extschema@._rl_policy_set_version() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -436,6 +437,13 @@ BEGIN
         RAISE WARNING 'policy "%" falls back to closed, not local, while Redis cannot answer', NEW.name
             USING DETAIL = 'Local fallback buckets live in shared memory: ratelimit is not in shared_preload_libraries.',
                   HINT = 'Add ratelimit to shared_preload_libraries and restart the server.';
+    END IF;
+    -- ratelimit.allowance_size exists only when preloaded.
+    IF NEW.allowance IS NOT NULL AND (TG_OP = 'INSERT' OR OLD.allowance IS NULL)
+       AND coalesce(current_setting('ratelimit.allowance_size', true), '0') = '0' THEN
+        RAISE WARNING 'policy "%" takes no slices: every decision asks Redis', NEW.name
+            USING DETAIL = 'Slices live in shared memory: ratelimit is not in shared_preload_libraries, or ratelimit.allowance_size is 0.',
+                  HINT = 'Add ratelimit to shared_preload_libraries (and give ratelimit.allowance_size slots), then restart the server.';
     END IF;
     IF TG_OP = 'INSERT' THEN
         NEW.version := @extschema@._rl_inserted_version('policy', NEW.name, NULL, to_jsonb(NEW));

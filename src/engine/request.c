@@ -33,7 +33,8 @@ request_check(Oid function_oid, const char *name, const char *subject, int lengt
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_UNDEFINED_OBJECT),
-				 errmsg("rate limit policy \"%s\" does not exist", name)));
+				 errmsg("rate limit policy \"%s\" does not exist", name),
+				 errhint("The policies are the rows of rl_policy: see SELECT name FROM rl_policy, or create one with rl_define.")));
 	subject_check(subject, length);
 	memset(request, 0, sizeof(*request));
 	request->policy = *policy;	/* a copy: the cache may be reloaded later */
@@ -73,7 +74,8 @@ request_cost(DecisionRequest *request, BucketMode mode, int64 cost)
 				(errhidestmt(true),
 				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("a peek at concurrency policy \"%s\" counts one lease", policy->name),
-				 errdetail("The cost was " INT64_FORMAT ".", cost)));
+				 errdetail("The cost was " INT64_FORMAT ".", cost),
+				 errhint("Peek with a cost of 1, or omit the cost.")));
 	if (mode == BUCKET_REFUND && cost > policy->bucket.capacity)
 		cost = policy->bucket.capacity;
 	if (cost <= 0 || cost > policy->bucket.capacity)
@@ -82,7 +84,8 @@ request_cost(DecisionRequest *request, BucketMode mode, int64 cost)
 				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("%s must be between 1 and the capacity of policy \"%s\" (" INT64_FORMAT ")",
 						amount_name, policy->name, policy->bucket.capacity),
-				 errdetail("The %s was " INT64_FORMAT ".", amount_name, cost)));
+				 errdetail("The %s was " INT64_FORMAT ".", amount_name, cost),
+				 errhint("Ask for at most the capacity, or raise the policy's capacity in rl_policy.")));
 	request->mode = mode;
 	request->cost = cost;
 }

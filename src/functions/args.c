@@ -27,7 +27,8 @@ args_request(FunctionCallInfo fcinfo, BucketMode mode, DecisionRequest *request)
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must not be null", mode == BUCKET_REFUND ? "amount" : "cost")));
+				 errmsg("%s must not be null", mode == BUCKET_REFUND ? "amount" : "cost"),
+				 errhint("Pass a whole number of tokens, or omit it for 1.")));
 	args_policy_subject(fcinfo, request);
 	request_cost(request, mode, PG_NARGS() > 2 ? PG_GETARG_INT64(2) : 1);
 }
@@ -42,7 +43,8 @@ args_policy_subject(FunctionCallInfo fcinfo, DecisionRequest *request)
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must not be null", PG_ARGISNULL(0) ? "policy" : "subject")));
+				 errmsg("%s must not be null", PG_ARGISNULL(0) ? "policy" : "subject"),
+				 errhint("Pass a policy name from rl_policy and a non-empty subject (coalesce a NULL subject to a value of your choice).")));
 	subject = PG_GETARG_TEXT_PP(1);
 	return request_check(fcinfo->flinfo->fn_oid, text_to_cstring(PG_GETARG_TEXT_PP(0)),
 						 VARDATA_ANY(subject), VARSIZE_ANY_EXHDR(subject), request);
@@ -63,13 +65,15 @@ args_array(FunctionCallInfo fcinfo, int argno, Oid type, const char *what, Datum
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must not be null", what)));
+				 errmsg("%s must not be null", what),
+				 errhint("Pass an array, empty if there is nothing to decide.")));
 	array = PG_GETARG_ARRAYTYPE_P(argno);
 	if (ARR_NDIM(array) > 1)
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("%s must be a one-dimensional array", what)));
+				 errmsg("%s must be a one-dimensional array", what),
+				 errhint("Pass a flat array, as in ARRAY['a', 'b'].")));
 	get_typlenbyvalalign(type, &typlen, &typbyval, &typalign);
 	deconstruct_array(array, type, typlen, typbyval, typalign, values, &nulls, &count);
 	for (int i = 0; i < count; i++)
@@ -77,7 +81,8 @@ args_array(FunctionCallInfo fcinfo, int argno, Oid type, const char *what, Datum
 			ereport(ERROR,
 					(errhidestmt(true),
 					 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-					 errmsg("%s must not hold nulls", what)));
+					 errmsg("%s must not hold nulls", what),
+					 errhint("Remove the NULL elements, or replace them with values (array_remove(a, NULL)).")));
 	return count;
 }
 
@@ -147,7 +152,8 @@ args_decision_datum(FunctionCallInfo fcinfo, const Decision *decision)
 		if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
 			ereport(ERROR,
 					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-					 errmsg("function returning rl_decision called in a context that cannot accept it")));
+					 errmsg("function returning rl_decision called in a context that cannot accept it"),
+					 errhint("Call it in a FROM clause or a select list, as in SELECT * FROM rl_consume(...).")));
 		desc = BlessTupleDesc(desc);
 		MemoryContextSwitchTo(old_context);
 		fcinfo->flinfo->fn_extra = desc;

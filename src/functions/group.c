@@ -33,12 +33,14 @@ RL_SQL_FUNCTION(rl_consume_all)
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("policies, subjects and costs must have the same number of elements")));
+				 errmsg("policies, subjects and costs must have the same number of elements"),
+				 errhint("Give one policy, one subject and one cost per check, in the same order.")));
 	if (count < 1 || count > GROUP_MAX_CHECKS)
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("rl_consume_all takes 1 to %d checks", GROUP_MAX_CHECKS)));
+				 errmsg("rl_consume_all takes 1 to %d checks", GROUP_MAX_CHECKS),
+				 errhint("Split the checks into several calls, or combine policies.")));
 
 	requests = palloc0(count * sizeof(DecisionRequest));
 	decisions = palloc0(count * sizeof(Decision));

@@ -51,7 +51,8 @@ append_sf_string(StringInfo buf, const char *name)
 					(errhidestmt(true),
 					 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("the policy name of the decision cannot be written in an HTTP header"),
-					 errdetail("A structured-field string holds only printable ASCII characters.")));
+					 errdetail("A structured-field string holds only printable ASCII characters."),
+					 errhint("Name the policy with printable ASCII characters, or build the headers yourself.")));
 		if (*p == '"' || *p == '\\')
 			appendStringInfoChar(buf, '\\');
 		appendStringInfoChar(buf, *p);
@@ -194,7 +195,8 @@ row_attribute(HeapTupleHeader row, const char *name)
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("decision.%s must not be null", name)));
+				 errmsg("decision.%s must not be null", name),
+				 errhint("Pass a decision as rl_consume returned it.")));
 	return value;
 }
 
@@ -233,7 +235,8 @@ decision_from_row(HeapTupleHeader row, Decision *decision)
 				(errhidestmt(true),
 				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("decision.policy is longer than a policy name can be"),
-				 errdetail("A policy name has at most %d bytes.", NAMEDATALEN - 1)));
+				 errdetail("A policy name has at most %d bytes.", NAMEDATALEN - 1),
+				 errhint("Pass a decision as rl_consume returned it.")));
 	strlcpy(decision->policy, policy, sizeof(decision->policy));
 }
 
@@ -248,12 +251,14 @@ RL_SQL_FUNCTION(rl_headers)
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("decision must not be null")));
+				 errmsg("decision must not be null"),
+				 errhint("Pass a decision as rl_consume returned it.")));
 	if (PG_ARGISNULL(1))
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("legacy must not be null")));
+				 errmsg("legacy must not be null"),
+				 errhint("Pass false for the RateLimit and RateLimit-Policy fields, true for the older X-RateLimit-* trio, or omit it.")));
 	decision_from_row(PG_GETARG_HEAPTUPLEHEADER(0), &decision);
 	headers_build(fcinfo->flinfo->fn_oid, &decision, PG_GETARG_BOOL(1), &set);
 	PG_RETURN_JSONB_P(headers_to_jsonb(&set));

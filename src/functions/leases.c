@@ -33,13 +33,15 @@ RL_SQL_FUNCTION(rl_acquire)
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("scope must not be null")));
+				 errmsg("scope must not be null"),
+				 errhint("Pass 'transaction' or 'session', or omit it for 'transaction'.")));
 	scope = text_to_cstring(PG_GETARG_TEXT_PP(2));
 	if (strcmp(scope, "transaction") != 0 && strcmp(scope, "session") != 0)
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("scope must be 'transaction' or 'session'")));
+				 errmsg("scope must be 'transaction' or 'session'"),
+				 errhint("A 'transaction' lease is released when the transaction ends, a 'session' one by rl_release or at disconnect.")));
 	lease_acquire(&request, strcmp(scope, "session") == 0, &decision);
 	return args_decision_datum(fcinfo, &decision);
 }

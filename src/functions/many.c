@@ -32,20 +32,23 @@ RL_SQL_FUNCTION(rl_consume_many)
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("policy must not be null")));
+				 errmsg("policy must not be null"),
+				 errhint("Pass a policy name from rl_policy.")));
 	policy = TextDatumGetCString(PG_GETARG_DATUM(0));
 	count = args_array(fcinfo, 1, TEXTOID, "subjects", &subjects);
 	if (!PG_ARGISNULL(2) && args_array(fcinfo, 2, INT8OID, "costs", &costs) != count)
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("subjects and costs must have the same number of elements")));
+				 errmsg("subjects and costs must have the same number of elements"),
+				 errhint("Give one cost per subject, in the same order, or omit costs for 1 each.")));
 	if (count > BATCH_MAX_DECISIONS)
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("rl_consume_many takes at most %d subjects", BATCH_MAX_DECISIONS),
-				 errdetail("It was given %d.", count)));
+				 errdetail("It was given %d.", count),
+				 errhint("Split the subjects into several calls.")));
 
 	requests = palloc0(Max(count, 1) * sizeof(DecisionRequest));
 	decisions = palloc0(Max(count, 1) * sizeof(Decision));

@@ -96,7 +96,8 @@ RL_SQL_FUNCTION(rl_health)
 	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("function returning a record called in a context that cannot accept it")));
+				 errmsg("function returning a record called in a context that cannot accept it"),
+				 errhint("Call it in a FROM clause, as in SELECT * FROM rl_health().")));
 	/* The first row of the current URL's. */
 	for (int i = 0; i < breaker_node_count() && !found; i++)
 	{

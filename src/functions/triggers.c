@@ -61,7 +61,8 @@ column_attnum(TupleDesc desc, const char *column)
 	if (attnum <= 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_COLUMN),
-				 errmsg("rl_limit_trigger: column \"%s\" does not exist", column)));
+				 errmsg("rl_limit_trigger: column \"%s\" does not exist", column),
+				 errhint("Name a column of the table the trigger is on.")));
 	return attnum;
 }
 
@@ -78,7 +79,8 @@ row_subject(HeapTuple tuple, TupleDesc desc, const TriggerArgs *args)
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("rl_limit_trigger: subject column \"%s\" is null", args->subject_column)));
+				 errmsg("rl_limit_trigger: subject column \"%s\" is null", args->subject_column),
+				 errhint("Give the column a NOT NULL constraint or a default, or name another column.")));
 	getTypeOutputInfo(TupleDescAttr(desc, args->subject_attnum - 1)->atttypid, &output, &varlena);
 	return OidOutputFunctionCall(output, value);
 }
@@ -97,7 +99,8 @@ row_cost(HeapTuple tuple, TupleDesc desc, const TriggerArgs *args)
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("rl_limit_trigger: cost column \"%s\" is null", args->cost_column)));
+				 errmsg("rl_limit_trigger: cost column \"%s\" is null", args->cost_column),
+				 errhint("Give the column a NOT NULL constraint or a default, or name another column.")));
 	switch (TupleDescAttr(desc, args->cost_attnum - 1)->atttypid)
 	{
 		case INT2OID:
@@ -110,7 +113,8 @@ row_cost(HeapTuple tuple, TupleDesc desc, const TriggerArgs *args)
 	ereport(ERROR,
 			(errcode(ERRCODE_DATATYPE_MISMATCH),
 			 errmsg("rl_limit_trigger: cost column \"%s\" must be smallint, integer or bigint",
-					args->cost_column)));
+					args->cost_column),
+			 errhint("Name an integer column, or cast in a generated column.")));
 	return 0;					/* keep the compiler quiet */
 }
 
@@ -132,7 +136,8 @@ charge_check(FunctionCallInfo fcinfo, const TriggerArgs *args, const char *subje
 				 errcode(ERRCODE_RL_RATE_LIMIT_EXCEEDED),
 				 errmsg("rate limit exceeded for policy \"%s\"", request->policy.name),
 				 errdetail("The write needs " INT64_FORMAT " tokens for one subject; the policy holds at most " INT64_FORMAT ".",
-						   cost, request->policy.bucket.capacity)));
+						   cost, request->policy.bucket.capacity),
+				 errhint("Write fewer rows for one subject in one statement, or raise the policy's capacity.")));
 	request_cost(request, BUCKET_TAKE, cost);
 }
 
@@ -226,12 +231,14 @@ RL_SQL_FUNCTION(rl_limit_trigger)
 	if (!CALLED_AS_TRIGGER(fcinfo))
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("rl_limit_trigger must be called as a trigger")));
+				 errmsg("rl_limit_trigger must be called as a trigger"),
+				 errhint("Use it in CREATE TRIGGER ... EXECUTE FUNCTION rl_limit_trigger(policy, subject_column).")));
 	trigger = trigdata->tg_trigger;
 	if (trigger->tgnargs < 2 || trigger->tgnargs > 3)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("rl_limit_trigger takes a policy, a subject column and an optional cost column")));
+				 errmsg("rl_limit_trigger takes a policy, a subject column and an optional cost column"),
+				 errhint("As in EXECUTE FUNCTION rl_limit_trigger('comments.create', 'tenant_id'), a cost column third.")));
 	desc = RelationGetDescr(trigdata->tg_relation);
 	args.policy = trigger->tgargs[0];
 	args.subject_column = trigger->tgargs[1];
@@ -255,7 +262,8 @@ RL_SQL_FUNCTION(rl_limit_trigger)
 	if (TRIGGER_FIRED_BY_DELETE(trigdata->tg_event))
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("rl_limit_trigger charges rows written: use it ON INSERT or UPDATE")));
+				 errmsg("rl_limit_trigger charges rows written: use it ON INSERT or UPDATE"),
+				 errhint("Create the trigger ON INSERT or UPDATE (FOR EACH ROW, or AFTER ... FOR EACH STATEMENT).")));
 	tuple = TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) ? trigdata->tg_newtuple :
 		trigdata->tg_trigtuple;
 	{
@@ -278,7 +286,8 @@ rl_policy_invalidate(PG_FUNCTION_ARGS)
 	if (!CALLED_AS_TRIGGER(fcinfo))
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("_rl_policy_invalidate must be called as a trigger")));
+				 errmsg("_rl_policy_invalidate must be called as a trigger"),
+				 errhint("It is the extension's own trigger function: do not call it.")));
 	CacheInvalidateRelcacheByRelid(RelationGetRelid(trigdata->tg_relation));
 	policy_cache_changed();
 	PG_RETURN_POINTER(NULL);

@@ -16,7 +16,6 @@
 
 #include "port/atomics.h"
 #include "storage/shmem.h"
-#include "utils/guc.h"
 
 #include "local/buckets.h"
 #include "local/table.h"
@@ -34,37 +33,32 @@ typedef struct LocalSlot
 	BucketState state;
 } LocalSlot;
 
-static int	local_buckets_setting = 10000;
-
 static SharedTable table = {
 	.name = "ratelimit local buckets",
 	.slot_size = sizeof(LocalSlot),
 	.partitions = 16,
 	.probes = 8,
+	.setting = "ratelimit.local_buckets",
+	.description = "Slots for local fallback buckets in shared memory.",
+	.size = 10000,
+	.size_min = 128,
+	.size_max = 10 * 1000 * 1000,
 };
 /* Slots in use, for rl_health. */
 static pg_atomic_uint32 *slots_in_use = NULL;
 
-/*
- * Defines ratelimit.local_buckets, which sizes the shared table: only when
- * preloaded, since only then is there a table.
- */
+/* Defines ratelimit.local_buckets, which sizes the table (when preloaded). */
 void
 local_init(bool preloaded)
 {
-	if (!preloaded)
-		return;
-	DefineCustomIntVariable("ratelimit.local_buckets",
-							"Slots for local fallback buckets in shared memory.",
-							NULL, &local_buckets_setting, 10000, 128, 10 * 1000 * 1000,
-							PGC_POSTMASTER, 0, NULL, NULL, NULL);
+	table_init(&table, preloaded);
 }
 
 /* Shared memory the table needs. */
 Size
 local_shmem_size(void)
 {
-	return add_size(table_shmem_size(&table, local_buckets_setting), sizeof(pg_atomic_uint32));
+	return add_size(table_shmem_size(&table), sizeof(pg_atomic_uint32));
 }
 
 /* Asks for the partition locks; called from the shmem request hook. */
@@ -74,20 +68,13 @@ local_shmem_request(void)
 	table_shmem_request(&table);
 }
 
-/* An empty slot. */
-static void
-slot_init(void *slot)
-{
-	memset(slot, 0, sizeof(LocalSlot));
-}
-
 /* Attaches to (or creates) the table; called with AddinShmemInitLock held. */
 void
 local_shmem_init(void)
 {
 	bool		found;
 
-	table_shmem_init(&table, local_buckets_setting, slot_init);
+	table_shmem_init(&table);
 	slots_in_use = ShmemInitStruct("ratelimit local buckets in use", sizeof(pg_atomic_uint32),
 								   &found);
 	if (!found)

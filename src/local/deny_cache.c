@@ -21,7 +21,6 @@
 #include "prelude.h"
 
 #include "storage/shmem.h"
-#include "utils/guc.h"
 
 #include "base/clock.h"
 #include "local/deny_cache.h"
@@ -35,33 +34,31 @@ typedef struct DenySlot
 	DenyEntry	entry;
 } DenySlot;
 
-static int	deny_cache_size = 10000;
-
 static SharedTable table = {
 	.name = "ratelimit deny cache",
 	.slot_size = sizeof(DenySlot),
 	.partitions = DENY_PARTITIONS,
 	.probes = 4,
+	.setting = "ratelimit.deny_cache_size",
+	.description = "Slots for denials remembered from Redis in shared memory (0: none).",
+	.size = 10000,
+	.size_min = 0,
+	.size_max = 10 * 1000 * 1000,
 };
 /* When each partition last forgot a denial (clock_monotonic_us), under its lock. */
 static int64 *forgot_us = NULL;
 
-/* Defines ratelimit.deny_cache_size; only when preloaded, since only then is there a table. */
+/* Defines ratelimit.deny_cache_size, which sizes the table (when preloaded). */
 void
 deny_cache_init(bool preloaded)
 {
-	if (!preloaded)
-		return;
-	DefineCustomIntVariable("ratelimit.deny_cache_size",
-							"Slots for denials remembered from Redis in shared memory (0: none).",
-							NULL, &deny_cache_size, 10000, 0, 10 * 1000 * 1000,
-							PGC_POSTMASTER, 0, NULL, NULL, NULL);
+	table_init(&table, preloaded);
 }
 
 Size
 deny_cache_shmem_size(void)
 {
-	return add_size(table_shmem_size(&table, deny_cache_size), sizeof(int64) * DENY_PARTITIONS);
+	return add_size(table_shmem_size(&table), sizeof(int64) * DENY_PARTITIONS);
 }
 
 void
@@ -70,20 +67,13 @@ deny_cache_shmem_request(void)
 	table_shmem_request(&table);
 }
 
-/* An empty slot. */
-static void
-slot_init(void *slot)
-{
-	memset(slot, 0, sizeof(DenySlot));
-}
-
 /* Attaches to (or creates) the table; called with AddinShmemInitLock held. */
 void
 deny_cache_shmem_init(void)
 {
 	bool		found;
 
-	table_shmem_init(&table, deny_cache_size, slot_init);
+	table_shmem_init(&table);
 	forgot_us = ShmemInitStruct("ratelimit deny cache forgets", sizeof(int64) * DENY_PARTITIONS,
 								&found);
 	if (!found)

@@ -41,7 +41,6 @@
 #include "storage/condition_variable.h"
 #include "storage/ipc.h"
 #include "storage/shmem.h"
-#include "utils/guc.h"
 #include "utils/timestamp.h"
 
 #include "local/slices.h"
@@ -86,13 +85,19 @@ typedef struct SliceShared
 	ConditionVariable fetched[SLICE_PARTITIONS];	/* a fetch of the partition ended */
 } SliceShared;
 
-static int	allowance_size = 1000;
+static void slot_init(void *slot);
 
 static SharedTable table = {
 	.name = "ratelimit slices",
 	.slot_size = sizeof(SliceSlot),
+	.slot_init = slot_init,
 	.partitions = SLICE_PARTITIONS,
 	.probes = 4,
+	.setting = "ratelimit.allowance_size",
+	.description = "Slots for slices of hot subjects' tokens in shared memory (0: no allowances).",
+	.size = 1000,
+	.size_min = 0,
+	.size_max = 1000 * 1000,
 };
 static SliceShared *shared = NULL;
 static bool exit_callback = false;
@@ -117,22 +122,17 @@ slot_init(void *slot)
 	((SliceSlot *) slot)->key.hash = 0;
 }
 
-/* Defines ratelimit.allowance_size; only when preloaded, since only then is there a table. */
+/* Defines ratelimit.allowance_size, which sizes the table (when preloaded). */
 void
 slices_init(bool preloaded)
 {
-	if (!preloaded)
-		return;
-	DefineCustomIntVariable("ratelimit.allowance_size",
-							"Slots for slices of hot subjects' tokens in shared memory (0: no allowances).",
-							NULL, &allowance_size, 1000, 0, 1000 * 1000,
-							PGC_POSTMASTER, 0, NULL, NULL, NULL);
+	table_init(&table, preloaded);
 }
 
 Size
 slices_shmem_size(void)
 {
-	return add_size(table_shmem_size(&table, allowance_size), sizeof(SliceShared));
+	return add_size(table_shmem_size(&table), sizeof(SliceShared));
 }
 
 void
@@ -147,7 +147,7 @@ slices_shmem_init(void)
 {
 	bool		found;
 
-	table_shmem_init(&table, allowance_size, slot_init);
+	table_shmem_init(&table);
 	shared = ShmemInitStruct("ratelimit slices shared", sizeof(SliceShared), &found);
 	if (!found)
 	{

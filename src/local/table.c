@@ -17,22 +17,36 @@
 #include "prelude.h"
 
 #include "storage/shmem.h"
+#include "utils/guc.h"
 
 #include "local/table.h"
 
-/* Slots per partition for size slots in all (0: none), at least a key's probes. */
-static int
-slots_per_partition(const SharedTable *table, int size)
+/*
+ * Defines the table's size setting; only when preloaded, since only then is
+ * there a table.
+ */
+void
+table_init(SharedTable *table, bool preloaded)
 {
-	return size == 0 ? 0 : Max((size + table->partitions - 1) / table->partitions, table->probes);
+	if (!preloaded)
+		return;
+	DefineCustomIntVariable(table->setting, table->description, NULL, &table->size, table->size,
+							table->size_min, table->size_max, PGC_POSTMASTER, 0, NULL, NULL, NULL);
 }
 
-/* Shared memory the table needs for size slots. */
-Size
-table_shmem_size(const SharedTable *table, int size)
+/* Slots per partition (0: none), at least a key's probes. */
+static int
+slots_per_partition(const SharedTable *table)
 {
-	return mul_size(table->slot_size,
-					mul_size(slots_per_partition(table, size), table->partitions));
+	return table->size == 0 ? 0 :
+		Max((table->size + table->partitions - 1) / table->partitions, table->probes);
+}
+
+/* Shared memory the table needs. */
+Size
+table_shmem_size(const SharedTable *table)
+{
+	return mul_size(table->slot_size, mul_size(slots_per_partition(table), table->partitions));
 }
 
 /* Asks for the partitions' locks; called from the shmem request hook. */
@@ -42,24 +56,21 @@ table_shmem_request(const SharedTable *table)
 	RequestNamedLWLockTranche(table->name, table->partitions);
 }
 
-/*
- * Attaches to (or creates, each slot through slot_init) the table of size
- * slots; called with AddinShmemInitLock held.
- */
+/* Attaches to (or creates, with empty slots) the table; called with AddinShmemInitLock held. */
 void
-table_shmem_init(SharedTable *table, int size, void (*slot_init) (void *slot))
+table_shmem_init(SharedTable *table)
 {
 	bool		found;
 	int			count;
 
-	table->slots_per_partition = slots_per_partition(table, size);
+	table->slots_per_partition = slots_per_partition(table);
 	count = table->slots_per_partition * table->partitions;
-	table->slots = ShmemInitStruct(table->name, Max(table_shmem_size(table, size), 1), &found);
+	table->slots = ShmemInitStruct(table->name, Max(table_shmem_size(table), 1), &found);
 	if (!found)
 	{
-		memset(table->slots, 0, table_shmem_size(table, size));
-		for (int i = 0; i < count; i++)
-			slot_init(table->slots + i * table->slot_size);
+		memset(table->slots, 0, table_shmem_size(table));
+		for (int i = 0; table->slot_init != NULL && i < count; i++)
+			table->slot_init(table->slots + i * table->slot_size);
 	}
 	table->locks = GetNamedLWLockTranche(table->name);
 }

@@ -20,8 +20,15 @@ typedef struct SharedTable
 {
 	const char *name;			/* of its shared memory and its locks */
 	Size		slot_size;
+	void		(*slot_init) (void *slot);	/* an empty slot (NULL: all zeros) */
 	int			partitions;
 	int			probes;
+	/* The server-start setting of its size in slots, its default, bounds and doc. */
+	const char *setting;
+	const char *description;
+	int			size;
+	int			size_min;
+	int			size_max;
 	/* Set by table_shmem_init. */
 	int			slots_per_partition;	/* 0: no table (not preloaded, or sized 0) */
 	char	   *slots;
@@ -42,9 +49,10 @@ typedef enum TableClaim
 	TABLE_EVICTED				/* given to it now: another key's, by the eviction rule */
 } TableClaim;
 
-extern Size table_shmem_size(const SharedTable *table, int size);
+extern void table_init(SharedTable *table, bool preloaded);
+extern Size table_shmem_size(const SharedTable *table);
 extern void table_shmem_request(const SharedTable *table);
-extern void table_shmem_init(SharedTable *table, int size, void (*slot_init) (void *slot));
+extern void table_shmem_init(SharedTable *table);
 extern bool table_available(const SharedTable *table);
 extern int	table_lock(const SharedTable *table, const LocalKey *key, LWLockMode mode);
 extern void table_unlock(const SharedTable *table, int partition);

@@ -203,7 +203,8 @@ policy_cache_lock(Oid relid)
 					 errcode(ERRCODE_LOCK_NOT_AVAILABLE),
 					 errmsg("could not read the rate limit policies: table %s is locked",
 							get_rel_name(relid)),
-					 errdetail("Another transaction holds a lock on it that blocks reading it, as TRUNCATE and ALTER TABLE do.")));
+					 errdetail("Another transaction holds a lock on it that blocks reading it, as TRUNCATE and ALTER TABLE do."),
+					 errhint("Try again once that transaction ends.")));
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 						 5, PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);
@@ -333,7 +334,8 @@ policy_lookup(Oid function_oid, const char *name)
 		if (!OidIsValid(policy_relid))
 			ereport(ERROR,
 					(errcode(ERRCODE_UNDEFINED_TABLE),
-					 errmsg("table rl_policy of extension ratelimit does not exist")));
+					 errmsg("table rl_policy of extension ratelimit does not exist"),
+					 errhint("Install the extension's objects with CREATE EXTENSION ratelimit, or ALTER EXTENSION ratelimit UPDATE.")));
 		/* Version 0.1.0 of the extension has no overrides, versions before 0.4.0 none of these. */
 		override_relid = extension_relation("rl_override", namespace, extension);
 		installation_relid = extension_relation("rl_installation_seq", namespace, extension);

@@ -57,14 +57,16 @@ subject_check(const char *subject, int length)
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("rate limit subject must not be empty")));
+				 errmsg("rate limit subject must not be empty"),
+				 errhint("Pass the identity being limited: a tenant, a user, an address.")));
 	if (length > RL_SUBJECT_MAX_BYTES)
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("rate limit subject is too long"),
 				 errdetail("A subject has at most %d bytes; this one has %d.",
-						   RL_SUBJECT_MAX_BYTES, length)));
+						   RL_SUBJECT_MAX_BYTES, length),
+				 errhint("Pass a shorter identity, or a hash of it (md5, sha256).")));
 }
 
 /* Appends 32 hex digits of the HMAC-SHA256 of text keyed by ratelimit.subject_secret. */
@@ -83,7 +85,8 @@ subject_hash(StringInfo out, const char *text, int length)
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_OUT_OF_MEMORY),
-				 errmsg("could not hash a rate limit subject")));
+				 errmsg("could not hash a rate limit subject"),
+				 errhint("The server is short of memory: try again.")));
 	pg_hmac_free(hmac);
 
 	enlargeStringInfo(out, 2 * SUBJECT_HASH_BYTES);

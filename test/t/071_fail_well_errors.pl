@@ -388,6 +388,16 @@ is($ret, 0, 'CREATE EXTENSION works without shared_preload_libraries') or diag $
 		'no backend crashed on the node without preload');
 	is($plain->safe_psql('postgres', 'SELECT _rl_local_available()'), 'f',
 		'_rl_local_available() says so');
+
+	# An allowance needs the slices in shared memory: rl_define says when there are none.
+	($ret, $out, $err) = $plain->psql('postgres',
+		q{SELECT rl_define('np_allowance', 10, per => '1 minute', allowance => 5)});
+	is($ret, 0, 'a policy with an allowance can be defined');
+	like($err, qr/WARNING:\s+policy "np_allowance" takes no slices: every decision asks Redis.*HINT:\s+Add ratelimit to shared_preload_libraries/s,
+		'with a WARNING that it takes no slices, and what to do');
+	($ret, $out, $err) = $plain->psql('postgres',
+		q{UPDATE rl_policy SET allowance = 6 WHERE name = 'np_allowance'});
+	unlike($err, qr/takes no slices/, 'once: not again when the allowance changes');
 }
 $plain->stop;
 
