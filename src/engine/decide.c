@@ -188,6 +188,72 @@ from_slice(Deciding *d, const SliceGrant *grant)
 	decision->source = DECISION_SOURCE_ALLOWANCE;
 }
 
+/* Fills the parts of decision that do not depend on who decides: policy, version, capacity. */
+void
+decision_init(const Policy *policy, Decision *decision)
+{
+	memset(decision, 0, sizeof(*decision));
+	strlcpy(decision->policy, policy->name, sizeof(decision->policy));
+	decision->version = policy->version;
+	decision->capacity = policy->bucket.capacity;
+}
+
+/* True when decisions of policy (a request's copy) need no bucket: see decision_fixed. */
+bool
+decision_needs_no_bucket(const Policy *policy)
+{
+	return policy->mode == POLICY_MODE_DISABLED || policy->override == OVERRIDE_ALLOW ||
+		policy->override == OVERRIDE_DENY;
+}
+
+/*
+ * For a decision that needs no bucket, fills it and returns true: a disabled
+ * policy allows and counts nothing; an 'allow' override allows and a 'deny'
+ * override denies (until it expires), counting nothing. The caller applies the
+ * shadow mode afterwards.
+ */
+bool
+decision_fixed(const Policy *policy, Decision *decision)
+{
+	if (!decision_needs_no_bucket(policy))
+		return false;
+	decision->allowed = policy->override != OVERRIDE_DENY || policy->mode == POLICY_MODE_DISABLED;
+	decision->remaining = decision->allowed ? policy->bucket.capacity : 0;
+	decision->retry_after_ms = decision->allowed ? 0 : policy->override_retry_ms;
+	decision->reset_after_ms = 0;
+	decision->source = policy->mode == POLICY_MODE_DISABLED ?
+		DECISION_SOURCE_DISABLED : DECISION_SOURCE_OVERRIDE;
+	return true;
+}
+
+/* For a shadow policy, turns a denial into a grant whose source says it would have denied. */
+void
+decision_shadow(const Policy *policy, Decision *decision)
+{
+	if (policy->mode == POLICY_MODE_SHADOW && !decision->allowed &&
+		decision->script_error[0] == '\0')
+	{
+		decision->allowed = true;
+		decision->origin = decision->source;
+		decision->source = DECISION_SOURCE_SHADOW;
+	}
+}
+
+/* Raises the error of a decision whose script failed on the request's values, if it did. */
+void
+decision_raise_script_error(const Decision *decision)
+{
+	if (decision->script_error[0] == '\0')
+		return;
+	ereport(ERROR,
+			(errhidestmt(true),
+			 errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+			 errmsg("Redis could not run the script of rate limit policy \"%s\" for this request",
+					decision->policy),
+			 errdetail("The script failed: %s.", decision->script_error),
+			 errhint("This is a limit of ratelimit, not of the policy: report it with the policy's algorithm, capacity and the cost.")));
+}
+
 /* Reads the clock into d: now, and the time its request counts at. */
 static void
 read_clock(Deciding *d)
@@ -195,6 +261,14 @@ read_clock(Deciding *d)
 
 	d->now_ms = clock_now_ms();
 	d->at_ms = request_counts_at_ms(d->request, d->now_ms);
+}
+
+/* Plans d's call to Redis: false, for begin to return. */
+static bool
+planned(Deciding *d)
+{
+	d->key = decision_key(d->request);
+	return false;
 }
 
 /*
@@ -229,6 +303,9 @@ begin(Deciding *d, bool alone, GiveBacks *backs)
 		}
 		if (denial_answer(request, &d->local_key, d->now_ms, d->decision))
 			return true;
+		/* A take that can use no slice (plan.request NULL) is planned as it is. */
+		if (d->plan.request == NULL)
+			return planned(d);
 		give_backs_room(backs);
 		outcome = allowance_plan(&d->plan, &grant, &backs->backs[backs->count], &more);
 		if (outcome == SLICE_WAIT && alone)
@@ -252,8 +329,7 @@ begin(Deciding *d, bool alone, GiveBacks *backs)
 			return true;
 		}
 	}
-	d->key = decision_key(request);
-	return false;
+	return planned(d);
 }
 
 /*
@@ -299,14 +375,18 @@ finish(Deciding *d, RedisCall *call, const RedisFailure *failure, int64 asked_us
 	bool		fetch = d->plan.outcome == SLICE_FETCH;
 	bool		answered;
 
-	answered = call->answered && allowance_reply(&d->plan, call->results, &outcome) &&
+	answered = call->answered &&
+		(d->plan.request == NULL || allowance_reply(&d->plan, call->results, &outcome)) &&
 		decision_from_reply(call->results, fetch, decision, &outcome);
 	engine_observe_redis(&request->policy, answered, &outcome, call->round_trip_us);
-	give_backs_room(lates);
-	if (allowance_after(&d->plan, d->key, answered, answered && decision->allowed,
-						&decision->remaining, decision->reset_after_ms,
-						&lates->backs[lates->count]))
-		lates->count++;
+	if (d->plan.request != NULL)
+	{
+		give_backs_room(lates);
+		if (allowance_after(&d->plan, d->key, answered, answered && decision->allowed,
+							&decision->remaining, decision->reset_after_ms,
+							&lates->backs[lates->count]))
+			lates->count++;
+	}
 	denial_learn(request, &d->local_key, decision, asked_us);
 	/* A script's failure is raised by the caller, once every decision is kept. */
 	if (!answered && !decision_script_failed(&request->policy, &outcome, decision))

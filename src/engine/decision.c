@@ -1,10 +1,9 @@
 /*
  * decision.c
- *	  What a decision says when Redis does not decide it: fixed answers (a
- *	  disabled policy, an 'allow' or 'deny' override), the fail modes and the
- *	  local bucket, a script that failed on the request's values; shadow mode
- *	  on top; and the names and units a decision is shown in. The pipeline
- *	  that asks Redis is decide.c.
+ *	  What a decision says when Redis could not decide it: the fail modes and
+ *	  the local bucket, a script that failed on the request's values; and the
+ *	  units and names a decision is shown in. The pipeline that decides is
+ *	  decide.c.
  */
 #include "prelude.h"
 
@@ -59,21 +58,6 @@ decision_script_failed(const Policy *policy, const RedisFailure *failure, Decisi
 	return true;
 }
 
-/* Raises the error of a decision whose script failed on the request's values, if it did. */
-void
-decision_raise_script_error(const Decision *decision)
-{
-	if (decision->script_error[0] == '\0')
-		return;
-	ereport(ERROR,
-			(errhidestmt(true),
-			 errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-			 errmsg("Redis could not run the script of rate limit policy \"%s\" for this request",
-					decision->policy),
-			 errdetail("The script failed: %s.", decision->script_error),
-			 errhint("This is a limit of ratelimit, not of the policy: report it with the policy's algorithm, capacity and the cost.")));
-}
-
 /*
  * Fills decision from the policy's fail mode, for when Redis could not
  * decide: 'open' allows, 'local' decides from the local bucket (key, at
@@ -112,16 +96,6 @@ decision_by_fail_mode(const DecisionRequest *request, const LocalKey *key, int64
 	decision->source = DECISION_SOURCE_FAIL_CLOSED;
 }
 
-/* Fills the parts of decision that do not depend on who decides: policy, version, capacity. */
-void
-decision_init(const Policy *policy, Decision *decision)
-{
-	memset(decision, 0, sizeof(*decision));
-	strlcpy(decision->policy, policy->name, sizeof(decision->policy));
-	decision->version = policy->version;
-	decision->capacity = policy->bucket.capacity;
-}
-
 /* Gives a request's tokens back to its local bucket (a reservation granted there). */
 void
 decision_refund_local(const DecisionRequest *request)
@@ -154,47 +128,6 @@ int64
 decision_retry_after_seconds(const Decision *decision)
 {
 	return Max(decision_seconds_up(decision->retry_after_ms), 1);
-}
-
-/* True when decisions of policy (a request's copy) need no bucket: see decision_fixed. */
-bool
-decision_needs_no_bucket(const Policy *policy)
-{
-	return policy->mode == POLICY_MODE_DISABLED || policy->override == OVERRIDE_ALLOW ||
-		policy->override == OVERRIDE_DENY;
-}
-
-/*
- * For a decision that needs no bucket, fills it and returns true: a disabled
- * policy allows and counts nothing; an 'allow' override allows and a 'deny'
- * override denies (until it expires), counting nothing. The caller applies the
- * shadow mode afterwards.
- */
-bool
-decision_fixed(const Policy *policy, Decision *decision)
-{
-	if (!decision_needs_no_bucket(policy))
-		return false;
-	decision->allowed = policy->override != OVERRIDE_DENY || policy->mode == POLICY_MODE_DISABLED;
-	decision->remaining = decision->allowed ? policy->bucket.capacity : 0;
-	decision->retry_after_ms = decision->allowed ? 0 : policy->override_retry_ms;
-	decision->reset_after_ms = 0;
-	decision->source = policy->mode == POLICY_MODE_DISABLED ?
-		DECISION_SOURCE_DISABLED : DECISION_SOURCE_OVERRIDE;
-	return true;
-}
-
-/* For a shadow policy, turns a denial into a grant whose source says it would have denied. */
-void
-decision_shadow(const Policy *policy, Decision *decision)
-{
-	if (policy->mode == POLICY_MODE_SHADOW && !decision->allowed &&
-		decision->script_error[0] == '\0')
-	{
-		decision->allowed = true;
-		decision->origin = decision->source;
-		decision->source = DECISION_SOURCE_SHADOW;
-	}
 }
 
 /* The source column's text. */

@@ -41,19 +41,14 @@ typedef struct Decision
 	char		script_error[128];
 } Decision;
 
-extern void decision_init(const Policy *policy, Decision *decision);
 extern bool decision_local_possible(const DecisionRequest *request);
 extern void decision_local(const DecisionRequest *request, const LocalKey *key, int64 at_ms,
 						   BucketMode mode, Decision *decision);
 extern void decision_refund_local(const DecisionRequest *request);
 extern bool decision_script_failed(const Policy *policy, const RedisFailure *failure,
 								   Decision *decision);
-extern void decision_raise_script_error(const Decision *decision);
 extern void decision_by_fail_mode(const DecisionRequest *request, const LocalKey *key,
 								  int64 at_ms, int64 retry_after_ms, Decision *decision);
-extern bool decision_needs_no_bucket(const Policy *policy);
-extern bool decision_fixed(const Policy *policy, Decision *decision);
-extern void decision_shadow(const Policy *policy, Decision *decision);
 extern int64 decision_seconds_up(int64 ms);
 extern int64 decision_retry_after_seconds(const Decision *decision);
 extern const char *decision_source_name(DecisionSource source);

@@ -10,7 +10,6 @@
  */
 #include "prelude.h"
 
-#include "common/hashfn.h"
 #include "miscadmin.h"
 
 #include "base/clock.h"
@@ -99,45 +98,4 @@ int64
 request_at_ms(const DecisionRequest *request)
 {
 	return request->at_ms != 0 ? request->at_ms : clock_now_ms();
-}
-
-/*
- * The time request counts at, now being now_ms: a window algorithm's, the
- * request's own time (a refund goes to its take's window); a refilling
- * algorithm's, now (a bucket refills until now, and Redis's clock decides).
- */
-int64
-request_counts_at_ms(const DecisionRequest *request, int64 now_ms)
-{
-	return limit_refills(request->policy.algorithm) || request->at_ms == 0 ? now_ms : request->at_ms;
-}
-
-/*
- * The key of request's subject in shared memory (local bucket, deny cache,
- * slice): database, policy, version, installation and subject, hashed to
- * place it, and hashed again under the server's secret key to verify it
- * (local/keys.c).
- */
-LocalKey
-request_local_key(const DecisionRequest *request)
-{
-	const Policy *policy = &request->policy;
-	uint64		seed = hash_bytes_extended((const unsigned char *) policy->name,
-										   strlen(policy->name),
-										   (((uint64) MyDatabaseId << 32) | (uint32) policy->version) ^
-										   policy->installation);
-	LocalKey	key;
-	SipHash		check;
-
-	key.hash = local_keys_place(hash_bytes_extended((const unsigned char *) request->subject,
-													request->length, seed));
-	local_keys_check_start(&check);
-	siphash_update(&check, &MyDatabaseId, sizeof(MyDatabaseId));
-	siphash_update(&check, &policy->version, sizeof(policy->version));
-	siphash_update(&check, &policy->installation, sizeof(policy->installation));
-	/* The name with its NUL: no name and subject run into another pair. */
-	siphash_update(&check, policy->name, strlen(policy->name) + 1);
-	siphash_update(&check, request->subject, request->length);
-	key.check = siphash_final(&check);
-	return key;
 }

@@ -26,7 +26,26 @@ extern const Policy *request_check(Oid function_oid, const char *name, const cha
 								   int length, DecisionRequest *request);
 extern void request_cost(DecisionRequest *request, BucketMode mode, int64 cost);
 extern int64 request_at_ms(const DecisionRequest *request);
-extern int64 request_counts_at_ms(const DecisionRequest *request, int64 now_ms);
-extern LocalKey request_local_key(const DecisionRequest *request);
+
+/*
+ * The time request counts at, now being now_ms: a window algorithm's, the
+ * request's own time (a refund goes to its take's window); a refilling
+ * algorithm's, now (a bucket refills until now, and Redis's clock decides).
+ */
+static inline int64
+request_counts_at_ms(const DecisionRequest *request, int64 now_ms)
+{
+	return limit_refills(request->policy.algorithm) || request->at_ms == 0 ? now_ms : request->at_ms;
+}
+
+/* The key of request's subject in this server's shared-memory tables (local/keys.c). */
+static inline LocalKey
+request_local_key(const DecisionRequest *request)
+{
+	const Policy *policy = &request->policy;
+
+	return local_keys_of(policy->name, policy->version, policy->installation, request->subject,
+						 request->length);
+}
 
 #endif							/* RL_REQUEST_H */

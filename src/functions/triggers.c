@@ -31,6 +31,7 @@
 #include "utils/tuplestore.h"
 
 #include "base/log_privacy.h"
+#include "engine/decide.h"
 #include "engine/reservation.h"
 #include "functions/enforce.h"
 #include "policy/cache.h"

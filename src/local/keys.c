@@ -14,6 +14,8 @@
  */
 #include "prelude.h"
 
+#include "common/hashfn.h"
+#include "miscadmin.h"
 #include "storage/shmem.h"
 #include "utils/guc.h"
 
@@ -59,8 +61,8 @@ local_keys_shmem_init(void)
 }
 
 /* Starts the keyed check of an identity: the caller hashes its parts, then siphash_final. */
-void
-local_keys_check_start(SipHash *hash)
+static void
+check_start(SipHash *hash)
 {
 	static const uint64 none[2] = {0, 0};
 
@@ -69,10 +71,37 @@ local_keys_check_start(SipHash *hash)
 }
 
 /* The placing hash as the tables use it: never 0 (cut short for tests). */
-uint64
-local_keys_place(uint64 hash)
+static uint64
+place(uint64 hash)
 {
 	if (test_key_bits > 0)
 		hash &= (UINT64CONST(1) << test_key_bits) - 1;
 	return hash != 0 ? hash : 1;
+}
+
+/*
+ * The key of a subject of a policy (its name, version and installation) in
+ * this database: all of it hashed to place it, and hashed again under the
+ * server's secret key to verify it.
+ */
+LocalKey
+local_keys_of(const char *name, int32 version, uint64 installation, const char *subject,
+			  int length)
+{
+	uint64		seed = hash_bytes_extended((const unsigned char *) name, strlen(name),
+										   (((uint64) MyDatabaseId << 32) | (uint32) version) ^
+										   installation);
+	LocalKey	key;
+	SipHash		check;
+
+	key.hash = place(hash_bytes_extended((const unsigned char *) subject, length, seed));
+	check_start(&check);
+	siphash_update(&check, &MyDatabaseId, sizeof(MyDatabaseId));
+	siphash_update(&check, &version, sizeof(version));
+	siphash_update(&check, &installation, sizeof(installation));
+	/* The name with its NUL: no name and subject run into another pair. */
+	siphash_update(&check, name, strlen(name) + 1);
+	siphash_update(&check, subject, length);
+	key.check = siphash_final(&check);
+	return key;
 }

@@ -17,7 +17,7 @@ typedef struct LocalKey
 extern void local_keys_init(bool preloaded);
 extern Size local_keys_shmem_size(void);
 extern void local_keys_shmem_init(void);
-extern void local_keys_check_start(SipHash *hash);
-extern uint64 local_keys_place(uint64 hash);
+extern LocalKey local_keys_of(const char *name, int32 version, uint64 installation,
+							  const char *subject, int length);
 
 #endif							/* RL_LOCAL_KEYS_H */
