@@ -24,7 +24,7 @@ static const LuaScript slice_script = LUA_SCRIPT("fixed_window/slice", script_fi
 
 /* The key and the 4 numbers of a check at at_ms: capacity, cost, ms left in the window, TTL. */
 static void
-fixed_window_part(const BucketParams *params, const char *key, int64 cost, int64 at_ms,
+fixed_window_part(const LimitParams *params, const char *key, int64 cost, int64 at_ms,
 				  LimitCall *part)
 {
 	LimitWindow window;
@@ -44,20 +44,20 @@ fixed_window_part(const BucketParams *params, const char *key, int64 cost, int64
 
 /* A call of mode's script; a refund goes to the window of at_ms (its take's). */
 static void
-fixed_window_call(const BucketParams *params, BucketMode mode, const char *key, int64 cost,
+fixed_window_call(const LimitParams *params, LimitMode mode, const char *key, int64 cost,
 				  int64 at_ms, const char *refund_mark, LimitCall *call)
 {
 	fixed_window_part(params, key, cost, at_ms, call);
-	call->script = mode == BUCKET_PEEK ? &peek_script :
-		mode == BUCKET_REFUND ? &refund_script :
-		mode == BUCKET_SLICE ? &slice_script : &take_script;
+	call->script = mode == LIMIT_PEEK ? &peek_script :
+		mode == LIMIT_REFUND ? &refund_script :
+		mode == LIMIT_SLICE ? &slice_script : &take_script;
 	if (refund_mark != NULL)
 		call->keys[call->nkeys++] = refund_mark;
 }
 
 /* rl_reset forgets the window now counting. */
 static int
-fixed_window_reset_keys(const BucketParams *params, const char *key, int64 at_ms,
+fixed_window_reset_keys(const LimitParams *params, const char *key, int64 at_ms,
 						const char **keys)
 {
 	LimitWindow window;
@@ -68,7 +68,7 @@ fixed_window_reset_keys(const BucketParams *params, const char *key, int64 at_ms
 }
 
 static void
-fixed_window_state_new(const BucketParams *params, BucketState *state, int64 now_ms)
+fixed_window_state_new(const LimitParams *params, SubjectState *state, int64 now_ms)
 {
 	LimitWindow window;
 
@@ -86,8 +86,8 @@ fixed_window_state_new(const BucketParams *params, BucketState *state, int64 now
  * count's gives nothing back: its window is over.
  */
 static void
-fixed_window_apply(const BucketParams *params, BucketState *state, int64 now_ms, int64 cost,
-				   BucketMode mode, BucketResult *result)
+fixed_window_apply(const LimitParams *params, SubjectState *state, int64 now_ms, int64 cost,
+				   LimitMode mode, LimitResult *result)
 {
 	LimitWindow window;
 	int64		count;
@@ -98,11 +98,11 @@ fixed_window_apply(const BucketParams *params, BucketState *state, int64 now_ms,
 	count = state->last_ms >= window.start_ms ? state->level : 0;
 	result->allowed = true;
 	result->retry_after_ms = 0;
-	if (mode == BUCKET_REFUND)
+	if (mode == LIMIT_REFUND)
 		count = state->last_ms == window.start_ms ? Max(count - cost, 0) : count;
 	else if (count + cost <= params->capacity)
 	{
-		if (mode == BUCKET_TAKE)
+		if (mode == LIMIT_TAKE)
 			count += cost;
 	}
 	else
@@ -110,7 +110,7 @@ fixed_window_apply(const BucketParams *params, BucketState *state, int64 now_ms,
 		result->allowed = false;
 		result->retry_after_ms = left;
 	}
-	if (result->allowed && mode != BUCKET_PEEK)
+	if (result->allowed && mode != LIMIT_PEEK)
 	{
 		state->level = count;
 		state->last_ms = Max(state->last_ms, window.start_ms);
@@ -121,7 +121,7 @@ fixed_window_apply(const BucketParams *params, BucketState *state, int64 now_ms,
 
 /* A count of an earlier window, or of none, is forgotten at no loss. */
 static bool
-fixed_window_is_idle(const BucketParams *params, const BucketState *state, int64 now_ms)
+fixed_window_is_idle(const LimitParams *params, const SubjectState *state, int64 now_ms)
 {
 	LimitWindow window;
 
@@ -130,7 +130,7 @@ fixed_window_is_idle(const BucketParams *params, const BucketState *state, int64
 }
 
 static void
-fixed_window_state_holding(const BucketParams *params, BucketState *state, int64 now_ms,
+fixed_window_state_holding(const LimitParams *params, SubjectState *state, int64 now_ms,
 						   int64 tokens)
 {
 	LimitWindow window;
@@ -142,7 +142,7 @@ fixed_window_state_holding(const BucketParams *params, BucketState *state, int64
 
 /* The window now counting (a calendar month: this one). */
 static int64
-fixed_window_full_ms(const BucketParams *params)
+fixed_window_full_ms(const LimitParams *params)
 {
 	LimitWindow window;
 

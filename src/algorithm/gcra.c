@@ -29,7 +29,7 @@ static const LuaScript slice_script = LUA_SCRIPT("gcra/slice", script_gcra_slice
  * each key lives until its arrival time, when it means nothing any more.
  */
 bool
-gcra_params_init(BucketParams *params, int64 capacity, int64 refill_amount,
+gcra_params_init(LimitParams *params, int64 capacity, int64 refill_amount,
 				 int64 refill_period_ms, int64 idle_ttl_ms)
 {
 	bool		exact = bucket_params_init(params, capacity, refill_amount, refill_period_ms,
@@ -50,20 +50,20 @@ ceil_div(int64 a, int64 b)
 
 /* The scripts take the token bucket's numbers: tolerance, rate, unit, cost, TTL (0: own). */
 static void
-gcra_call(const BucketParams *params, BucketMode mode, const char *key, int64 cost,
+gcra_call(const LimitParams *params, LimitMode mode, const char *key, int64 cost,
 		  int64 at_ms, const char *refund_mark, LimitCall *call)
 {
 	token_bucket_group_part(params, key, cost, at_ms, call);
-	call->script = mode == BUCKET_PEEK ? &peek_script :
-		mode == BUCKET_REFUND ? &refund_script :
-		mode == BUCKET_SLICE ? &slice_script : &take_script;
+	call->script = mode == LIMIT_PEEK ? &peek_script :
+		mode == LIMIT_REFUND ? &refund_script :
+		mode == LIMIT_SLICE ? &slice_script : &take_script;
 	if (refund_mark != NULL)
 		call->keys[call->nkeys++] = refund_mark;
 }
 
 /* No arrival time yet: anything at or before now means the same. */
 static void
-gcra_state_new(const BucketParams *params, BucketState *state, int64 now_ms)
+gcra_state_new(const LimitParams *params, SubjectState *state, int64 now_ms)
 {
 	memset(state, 0, sizeof(*state));
 }
@@ -75,8 +75,8 @@ gcra_state_new(const BucketParams *params, BucketState *state, int64 now_ms)
  * back leaves the arrival time where it is, so the wait grows by the step.
  */
 static void
-gcra_apply(const BucketParams *params, BucketState *state, int64 now_ms, int64 cost,
-		   BucketMode mode, BucketResult *result)
+gcra_apply(const LimitParams *params, SubjectState *state, int64 now_ms, int64 cost,
+		   LimitMode mode, LimitResult *result)
 {
 	int64		now = now_ms * params->rate;
 	int64		tolerance = params->capacity_units;
@@ -85,11 +85,11 @@ gcra_apply(const BucketParams *params, BucketState *state, int64 now_ms, int64 c
 
 	result->allowed = true;
 	result->retry_after_ms = 0;
-	if (mode == BUCKET_REFUND)
+	if (mode == LIMIT_REFUND)
 		tat = Max(tat - need, now);
 	else if (tat + need - now <= tolerance)
 	{
-		if (mode == BUCKET_TAKE)
+		if (mode == LIMIT_TAKE)
 			tat += need;
 	}
 	else
@@ -97,7 +97,7 @@ gcra_apply(const BucketParams *params, BucketState *state, int64 now_ms, int64 c
 		result->allowed = false;
 		result->retry_after_ms = ceil_div(tat + need - tolerance - now, params->rate);
 	}
-	if (result->allowed && mode != BUCKET_PEEK)
+	if (result->allowed && mode != LIMIT_PEEK)
 		state->level = tat;
 	result->remaining = tat - now >= tolerance ? 0 : (tolerance - (tat - now)) / params->unit;
 	result->reset_after_ms = ceil_div(tat - now, params->rate);
@@ -105,14 +105,14 @@ gcra_apply(const BucketParams *params, BucketState *state, int64 now_ms, int64 c
 
 /* Forgetting a subject whose arrival time has passed loses nothing. */
 static bool
-gcra_is_idle(const BucketParams *params, const BucketState *state, int64 now_ms)
+gcra_is_idle(const LimitParams *params, const SubjectState *state, int64 now_ms)
 {
 	return state->level <= now_ms * params->rate;
 }
 
 /* The arrival time at which tokens (at most capacity) are left. */
 static void
-gcra_state_holding(const BucketParams *params, BucketState *state, int64 now_ms, int64 tokens)
+gcra_state_holding(const LimitParams *params, SubjectState *state, int64 now_ms, int64 tokens)
 {
 	state->level = now_ms * params->rate +
 		(params->capacity - Min(tokens, params->capacity)) * params->unit;

@@ -18,7 +18,7 @@
 
 extern const LimitOps gcra_ops;
 
-extern bool gcra_params_init(BucketParams *params, int64 capacity, int64 refill_amount,
+extern bool gcra_params_init(LimitParams *params, int64 capacity, int64 refill_amount,
 							 int64 refill_period_ms, int64 idle_ttl_ms);
 
 #endif							/* RL_GCRA_H */

@@ -74,7 +74,7 @@ limit_slices(Algorithm algorithm)
  * reject such rows: this is a safety net).
  */
 bool
-limit_params_init(BucketParams *params, Algorithm algorithm, int64 capacity,
+limit_params_init(LimitParams *params, Algorithm algorithm, int64 capacity,
 				  int64 refill_amount, const Interval *period, int64 idle_ttl_ms,
 				  const char *time_zone)
 {
@@ -123,7 +123,7 @@ limit_params_init(BucketParams *params, Algorithm algorithm, int64 capacity,
 
 /* The C model and scripts of params' algorithm. */
 const LimitOps *
-limit_ops(const BucketParams *params)
+limit_ops(const LimitParams *params)
 {
 	switch (params->algorithm)
 	{
@@ -159,15 +159,15 @@ limit_group_script(void)
  * slice held) back to the bucket at key, or to the window they counted in.
  */
 void
-limit_give_back_call(const BucketParams *params, const char *key, int64 tokens, int64 taken_ms,
+limit_give_back_call(const LimitParams *params, const char *key, int64 tokens, int64 taken_ms,
 					 LimitCall *call)
 {
-	limit_ops(params)->call(params, BUCKET_REFUND, key, tokens, taken_ms, NULL, call);
+	limit_ops(params)->call(params, LIMIT_REFUND, key, tokens, taken_ms, NULL, call);
 }
 
 /* rl_reset's call: the reset script on every key of the subject at key (no numbers). */
 void
-limit_reset_call(const BucketParams *params, const char *key, int64 at_ms, LimitCall *call)
+limit_reset_call(const LimitParams *params, const char *key, int64 at_ms, LimitCall *call)
 {
 	memset(call, 0, sizeof(*call));
 	call->script = &reset_script;

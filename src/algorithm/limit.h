@@ -49,7 +49,7 @@ typedef enum WindowCalendar
  * refill_period reduced by their gcd, so refill is exact. Window algorithms:
  * at most `capacity` per window of window_ms (or per calendar unit).
  */
-typedef struct BucketParams
+typedef struct LimitParams
 {
 	Algorithm	algorithm;
 	int64		capacity;		/* tokens */
@@ -60,7 +60,7 @@ typedef struct BucketParams
 	int64		window_ms;		/* window algorithms: the window, when not a calendar unit */
 	WindowCalendar calendar;
 	char		time_zone[LIMIT_ZONE_LEN];	/* a calendar window's zone */
-} BucketParams;
+} LimitParams;
 
 /* The most tokens a sliding log kept in C (a local fallback slot) holds: one time each. */
 #define LIMIT_LOG_TOKENS 8
@@ -72,31 +72,31 @@ typedef struct BucketParams
  * start (last_ms) and the previous window's count (previous); a sliding
  * log's entries (level of them, oldest first, in log).
  */
-typedef struct BucketState
+typedef struct SubjectState
 {
 	int64		level;
 	int64		last_ms;
 	int64		previous;
 	int64		log[LIMIT_LOG_TOKENS];
-} BucketState;
+} SubjectState;
 
 /* What a call does to a limit: one script each. */
-typedef enum BucketMode
+typedef enum LimitMode
 {
-	BUCKET_TAKE,				/* take cost tokens if they are all there */
-	BUCKET_PEEK,				/* the same decision, nothing taken */
-	BUCKET_REFUND,				/* give cost tokens back, never above capacity */
-	BUCKET_SLICE				/* take cost and more, up to a most, for an allowance */
-} BucketMode;
+	LIMIT_TAKE,				/* take cost tokens if they are all there */
+	LIMIT_PEEK,				/* the same decision, nothing taken */
+	LIMIT_REFUND,				/* give cost tokens back, never above capacity */
+	LIMIT_SLICE				/* take cost and more, up to a most, for an allowance */
+} LimitMode;
 
 /* What a call answers: the script's reply. */
-typedef struct BucketResult
+typedef struct LimitResult
 {
 	bool		allowed;
 	int64		remaining;		/* whole tokens */
 	int64		retry_after_ms;
 	int64		reset_after_ms;
-} BucketResult;
+} LimitResult;
 
 /* A window: [start_ms, end_ms). */
 typedef struct LimitWindow
@@ -128,36 +128,36 @@ typedef struct LimitOps
 {
 	int			tag;			/* the group script's number for this algorithm */
 	/* A call of its own (mode's script); key is the subject's base key. */
-	void		(*call) (const BucketParams *params, BucketMode mode, const char *key,
+	void		(*call) (const LimitParams *params, LimitMode mode, const char *key,
 						 int64 cost, int64 at_ms, const char *refund_mark, LimitCall *call);
 	/* Its keys and numbers in the group script (after its tag). */
-	void		(*group_part) (const BucketParams *params, const char *key, int64 cost,
+	void		(*group_part) (const LimitParams *params, const char *key, int64 cost,
 							   int64 at_ms, LimitCall *part);
 	/* The keys rl_reset deletes; returns how many. */
-	int			(*reset_keys) (const BucketParams *params, const char *key, int64 at_ms,
+	int			(*reset_keys) (const LimitParams *params, const char *key, int64 at_ms,
 							   const char **keys);
-	void		(*state_new) (const BucketParams *params, BucketState *state, int64 now_ms);
-	void		(*apply) (const BucketParams *params, BucketState *state, int64 now_ms,
-						  int64 cost, BucketMode mode, BucketResult *result);
-	bool		(*is_idle) (const BucketParams *params, const BucketState *state, int64 now_ms);
+	void		(*state_new) (const LimitParams *params, SubjectState *state, int64 now_ms);
+	void		(*apply) (const LimitParams *params, SubjectState *state, int64 now_ms,
+						  int64 cost, LimitMode mode, LimitResult *result);
+	bool		(*is_idle) (const LimitParams *params, const SubjectState *state, int64 now_ms);
 	/* A state that holds tokens (a local bucket whose parameters changed). */
-	void		(*state_holding) (const BucketParams *params, BucketState *state,
+	void		(*state_holding) (const LimitParams *params, SubjectState *state,
 								  int64 now_ms, int64 tokens);
-	int64		(*full_ms) (const BucketParams *params);	/* empty to full, at most */
+	int64		(*full_ms) (const LimitParams *params);	/* empty to full, at most */
 } LimitOps;
 
 extern Algorithm limit_algorithm(const char *name);
 extern const char *limit_algorithm_name(Algorithm algorithm);
 extern bool limit_refills(Algorithm algorithm);
 extern bool limit_slices(Algorithm algorithm);
-extern bool limit_params_init(BucketParams *params, Algorithm algorithm, int64 capacity,
+extern bool limit_params_init(LimitParams *params, Algorithm algorithm, int64 capacity,
 							  int64 refill_amount, const Interval *period,
 							  int64 idle_ttl_ms, const char *time_zone);
-extern const LimitOps *limit_ops(const BucketParams *params);
+extern const LimitOps *limit_ops(const LimitParams *params);
 extern const LuaScript *limit_group_script(void);
-extern void limit_give_back_call(const BucketParams *params, const char *key, int64 tokens,
+extern void limit_give_back_call(const LimitParams *params, const char *key, int64 tokens,
 								 int64 taken_ms, LimitCall *call);
-extern void limit_reset_call(const BucketParams *params, const char *key, int64 at_ms,
+extern void limit_reset_call(const LimitParams *params, const char *key, int64 at_ms,
 							 LimitCall *call);
 
 #endif							/* RL_LIMIT_H */

@@ -28,7 +28,7 @@ static const LuaScript refund_script = LUA_SCRIPT("sliding_log/refund", script_s
 
 /* The log's key and its 3 numbers: capacity, cost, window. */
 static void
-sliding_log_part(const BucketParams *params, const char *key, int64 cost, int64 at_ms,
+sliding_log_part(const LimitParams *params, const char *key, int64 cost, int64 at_ms,
 				 LimitCall *part)
 {
 	part->keys[0] = key;
@@ -40,19 +40,19 @@ sliding_log_part(const BucketParams *params, const char *key, int64 cost, int64 
 }
 
 static void
-sliding_log_call(const BucketParams *params, BucketMode mode, const char *key, int64 cost,
+sliding_log_call(const LimitParams *params, LimitMode mode, const char *key, int64 cost,
 				 int64 at_ms, const char *refund_mark, LimitCall *call)
 {
-	Assert(mode != BUCKET_SLICE);	/* limit_slices: never sliced */
+	Assert(mode != LIMIT_SLICE);	/* limit_slices: never sliced */
 	sliding_log_part(params, key, cost, at_ms, call);
-	call->script = mode == BUCKET_PEEK ? &peek_script :
-		mode == BUCKET_REFUND ? &refund_script : &take_script;
+	call->script = mode == LIMIT_PEEK ? &peek_script :
+		mode == LIMIT_REFUND ? &refund_script : &take_script;
 	if (refund_mark != NULL)
 		call->keys[call->nkeys++] = refund_mark;
 }
 
 static int
-sliding_log_reset_keys(const BucketParams *params, const char *key, int64 at_ms,
+sliding_log_reset_keys(const LimitParams *params, const char *key, int64 at_ms,
 					   const char **keys)
 {
 	keys[0] = key;
@@ -61,20 +61,20 @@ sliding_log_reset_keys(const BucketParams *params, const char *key, int64 at_ms,
 
 /* A full window. */
 static int64
-sliding_log_full_ms(const BucketParams *params)
+sliding_log_full_ms(const LimitParams *params)
 {
 	return params->window_ms;
 }
 
 static void
-sliding_log_state_new(const BucketParams *params, BucketState *state, int64 now_ms)
+sliding_log_state_new(const LimitParams *params, SubjectState *state, int64 now_ms)
 {
 	memset(state, 0, sizeof(*state));
 }
 
 /* Drops the entries no younger than the window: those at or before now - window. */
 static void
-log_trim(const BucketParams *params, BucketState *state, int64 now_ms)
+log_trim(const LimitParams *params, SubjectState *state, int64 now_ms)
 {
 	int			old = 0;
 
@@ -89,7 +89,7 @@ log_trim(const BucketParams *params, BucketState *state, int64 now_ms)
  * a clock stepped back, new entries leave the window later, never sooner.
  */
 static void
-log_add(BucketState *state, int64 now_ms, int64 count)
+log_add(SubjectState *state, int64 now_ms, int64 count)
 {
 	int64		at_ms = now_ms;
 
@@ -107,17 +107,17 @@ log_add(BucketState *state, int64 now_ms, int64 count)
  * refund takes out the oldest.
  */
 static void
-sliding_log_apply(const BucketParams *params, BucketState *state, int64 now_ms, int64 cost,
-				  BucketMode mode, BucketResult *result)
+sliding_log_apply(const LimitParams *params, SubjectState *state, int64 now_ms, int64 cost,
+				  LimitMode mode, LimitResult *result)
 {
-	BucketState log = *state;
+	SubjectState log = *state;
 	int64		held;
 
 	Assert(params->capacity <= LIMIT_LOG_TOKENS);
 	log_trim(params, &log, now_ms);
 	result->allowed = true;
 	result->retry_after_ms = 0;
-	if (mode == BUCKET_REFUND)
+	if (mode == LIMIT_REFUND)
 	{
 		/* The oldest in the window go: the log never counts too few in a window to come. */
 		int64		removed = Min(cost, log.level);
@@ -127,7 +127,7 @@ sliding_log_apply(const BucketParams *params, BucketState *state, int64 now_ms, 
 	}
 	else if (log.level + cost <= params->capacity)
 	{
-		if (mode == BUCKET_TAKE)
+		if (mode == LIMIT_TAKE)
 			log_add(&log, now_ms, cost);
 	}
 	else
@@ -136,7 +136,7 @@ sliding_log_apply(const BucketParams *params, BucketState *state, int64 now_ms, 
 		result->retry_after_ms = log.log[log.level + cost - params->capacity - 1] +
 			params->window_ms - now_ms;
 	}
-	if (result->allowed && mode != BUCKET_PEEK)
+	if (result->allowed && mode != LIMIT_PEEK)
 		*state = log;
 	held = log.level;
 	result->remaining = Max(params->capacity - held, 0);
@@ -145,7 +145,7 @@ sliding_log_apply(const BucketParams *params, BucketState *state, int64 now_ms, 
 
 /* A log with no entry in the window is forgotten at no loss. */
 static bool
-sliding_log_is_idle(const BucketParams *params, const BucketState *state, int64 now_ms)
+sliding_log_is_idle(const LimitParams *params, const SubjectState *state, int64 now_ms)
 {
 	return state->level == 0 ||
 		state->log[state->level - 1] <= now_ms - params->window_ms;
@@ -153,7 +153,7 @@ sliding_log_is_idle(const BucketParams *params, const BucketState *state, int64 
 
 /* A log holding tokens: the entries used, all at now (the most a new log could count). */
 static void
-sliding_log_state_holding(const BucketParams *params, BucketState *state, int64 now_ms,
+sliding_log_state_holding(const LimitParams *params, SubjectState *state, int64 now_ms,
 						  int64 tokens)
 {
 	memset(state, 0, sizeof(*state));

@@ -32,7 +32,7 @@ static const LuaScript refund_script = LUA_SCRIPT("sliding_window/refund",
  * Redis that wants a password answers NOAUTH to.)
  */
 static void
-sliding_window_part(const BucketParams *params, const char *key, int64 cost, int64 at_ms,
+sliding_window_part(const LimitParams *params, const char *key, int64 cost, int64 at_ms,
 					LimitCall *part)
 {
 	LimitWindow window;
@@ -50,20 +50,20 @@ sliding_window_part(const BucketParams *params, const char *key, int64 cost, int
 
 /* A refund goes back to the window of at_ms, its take's (KEYS[1]); the mark is KEYS[3]. */
 static void
-sliding_window_call(const BucketParams *params, BucketMode mode, const char *key, int64 cost,
+sliding_window_call(const LimitParams *params, LimitMode mode, const char *key, int64 cost,
 					int64 at_ms, const char *refund_mark, LimitCall *call)
 {
-	Assert(mode != BUCKET_SLICE);	/* limit_slices: never sliced */
+	Assert(mode != LIMIT_SLICE);	/* limit_slices: never sliced */
 	sliding_window_part(params, key, cost, at_ms, call);
-	call->script = mode == BUCKET_PEEK ? &peek_script :
-		mode == BUCKET_REFUND ? &refund_script : &take_script;
+	call->script = mode == LIMIT_PEEK ? &peek_script :
+		mode == LIMIT_REFUND ? &refund_script : &take_script;
 	if (refund_mark != NULL)
 		call->keys[call->nkeys++] = refund_mark;
 }
 
 /* rl_reset forgets both windows the sliding window covers. */
 static int
-sliding_window_reset_keys(const BucketParams *params, const char *key, int64 at_ms,
+sliding_window_reset_keys(const LimitParams *params, const char *key, int64 at_ms,
 						  const char **keys)
 {
 	LimitWindow window;
@@ -75,7 +75,7 @@ sliding_window_reset_keys(const BucketParams *params, const char *key, int64 at_
 }
 
 static void
-sliding_window_state_new(const BucketParams *params, BucketState *state, int64 now_ms)
+sliding_window_state_new(const LimitParams *params, SubjectState *state, int64 now_ms)
 {
 	LimitWindow window;
 
@@ -86,7 +86,7 @@ sliding_window_state_new(const BucketParams *params, BucketState *state, int64 n
 
 /* The counts of the window starting at start and of the one before it, from state. */
 static void
-counts_at(const BucketParams *params, const BucketState *state, int64 start,
+counts_at(const LimitParams *params, const SubjectState *state, int64 start,
 		  int64 *current, int64 *previous)
 {
 	*current = 0;
@@ -106,8 +106,8 @@ counts_at(const BucketParams *params, const BucketState *state, int64 start,
  * take's), in whichever count holds that window now.
  */
 static void
-sliding_window_apply(const BucketParams *params, BucketState *state, int64 now_ms, int64 cost,
-					 BucketMode mode, BucketResult *result)
+sliding_window_apply(const LimitParams *params, SubjectState *state, int64 now_ms, int64 cost,
+					 LimitMode mode, LimitResult *result)
 {
 	LimitWindow window;
 	int64		w = params->window_ms;
@@ -121,7 +121,7 @@ sliding_window_apply(const BucketParams *params, BucketState *state, int64 now_m
 	window_at(params, now_ms, &window);
 	elapsed = now_ms - window.start_ms;
 	left = window.end_ms - now_ms;
-	if (mode == BUCKET_REFUND)
+	if (mode == LIMIT_REFUND)
 	{
 		/* Only the count that holds the take's window gets it back. */
 		if (state->last_ms == window.start_ms)
@@ -137,7 +137,7 @@ sliding_window_apply(const BucketParams *params, BucketState *state, int64 now_m
 		counts_at(params, state, window.start_ms, &current, &previous);
 		result->allowed = previous * (w - elapsed) + (current + cost) * w <= capacity * w;
 		result->retry_after_ms = 0;
-		if (result->allowed && mode == BUCKET_TAKE)
+		if (result->allowed && mode == LIMIT_TAKE)
 		{
 			current += cost;
 			state->level = current;
@@ -163,7 +163,7 @@ sliding_window_apply(const BucketParams *params, BucketState *state, int64 now_m
 
 /* Counts of windows the sliding window no longer covers are forgotten at no loss. */
 static bool
-sliding_window_is_idle(const BucketParams *params, const BucketState *state, int64 now_ms)
+sliding_window_is_idle(const LimitParams *params, const SubjectState *state, int64 now_ms)
 {
 	LimitWindow window;
 	int64		current;
@@ -175,7 +175,7 @@ sliding_window_is_idle(const BucketParams *params, const BucketState *state, int
 }
 
 static void
-sliding_window_state_holding(const BucketParams *params, BucketState *state, int64 now_ms,
+sliding_window_state_holding(const LimitParams *params, SubjectState *state, int64 now_ms,
 							 int64 tokens)
 {
 	LimitWindow window;
@@ -188,7 +188,7 @@ sliding_window_state_holding(const BucketParams *params, BucketState *state, int
 
 /* Two windows: this one's count weighs until the next one ends. */
 static int64
-sliding_window_full_ms(const BucketParams *params)
+sliding_window_full_ms(const LimitParams *params)
 {
 	return 2 * params->window_ms;
 }

@@ -24,7 +24,7 @@ static const LuaScript slice_script = LUA_SCRIPT("token_bucket/slice", script_to
 
 /* One bucket of a group: its key and TOKEN_BUCKET_ARGS numbers (GCRA's too). */
 void
-token_bucket_group_part(const BucketParams *params, const char *key, int64 cost, int64 at_ms,
+token_bucket_group_part(const LimitParams *params, const char *key, int64 cost, int64 at_ms,
 						LimitCall *part)
 {
 	part->keys[0] = key;
@@ -36,25 +36,25 @@ token_bucket_group_part(const BucketParams *params, const char *key, int64 cost,
 /*
  * A call of mode's script on one bucket: KEYS the bucket (for a refund also
  * an optional mark that makes it happen once), ARGV (after the clock)
- * TOKEN_BUCKET_ARGS numbers; each answers 4 numbers (BucketResult). A take
+ * TOKEN_BUCKET_ARGS numbers; each answers 4 numbers (LimitResult). A take
  * goes to take_one, the lean path: Redis's own time per decision is what
  * every server sharing it pays.
  */
 static void
-token_bucket_call(const BucketParams *params, BucketMode mode, const char *key, int64 cost,
+token_bucket_call(const LimitParams *params, LimitMode mode, const char *key, int64 cost,
 				  int64 at_ms, const char *refund_mark, LimitCall *call)
 {
 	token_bucket_group_part(params, key, cost, at_ms, call);
-	call->script = mode == BUCKET_PEEK ? &peek_script :
-		mode == BUCKET_REFUND ? &refund_script :
-		mode == BUCKET_SLICE ? &slice_script : &take_one_script;
+	call->script = mode == LIMIT_PEEK ? &peek_script :
+		mode == LIMIT_REFUND ? &refund_script :
+		mode == LIMIT_SLICE ? &slice_script : &take_one_script;
 	if (refund_mark != NULL)
 		call->keys[call->nkeys++] = refund_mark;
 }
 
 /* A bucket is one key (so is GCRA's arrival time). */
 int
-token_bucket_reset_keys(const BucketParams *params, const char *key, int64 at_ms,
+token_bucket_reset_keys(const LimitParams *params, const char *key, int64 at_ms,
 						const char **keys)
 {
 	keys[0] = key;
@@ -67,7 +67,7 @@ token_bucket_reset_keys(const BucketParams *params, const char *key, int64 at_ms
  * current memory context.
  */
 void
-token_bucket_args(const BucketParams *params, int64 cost, const char **args)
+token_bucket_args(const LimitParams *params, int64 cost, const char **args)
 {
 	args[0] = psprintf(INT64_FORMAT, params->capacity_units);
 	args[1] = psprintf(INT64_FORMAT, params->rate);
@@ -96,7 +96,7 @@ gcd64(int64 a, int64 b)
  * rl_policy_exact_check constraint rejects such rows, so this is a safety net).
  */
 bool
-bucket_params_init(BucketParams *params, int64 capacity, int64 refill_amount,
+bucket_params_init(LimitParams *params, int64 capacity, int64 refill_amount,
 				   int64 refill_period_ms, int64 idle_ttl_ms)
 {
 	int64		g;
@@ -121,7 +121,7 @@ bucket_params_init(BucketParams *params, int64 capacity, int64 refill_amount,
 
 /* Milliseconds an empty bucket needs to refill completely, rounded up. */
 int64
-bucket_refill_ms(const BucketParams *params)
+bucket_refill_ms(const LimitParams *params)
 {
 	return (params->capacity_units + params->rate - 1) / params->rate;
 }
@@ -153,7 +153,7 @@ add_saturating(int64 a, int64 b)
 
 /* A new bucket: full, as a missing Redis key is. */
 static void
-bucket_state_full(const BucketParams *params, BucketState *state, int64 now_ms)
+bucket_state_full(const LimitParams *params, SubjectState *state, int64 now_ms)
 {
 	state->level = params->capacity_units;
 	state->last_ms = now_ms;
@@ -165,8 +165,8 @@ bucket_state_full(const BucketParams *params, BucketState *state, int64 now_ms)
  * state as it was (the script writes nothing either).
  */
 void
-bucket_apply(const BucketParams *params, BucketState *state, int64 now_ms,
-			 int64 cost, BucketMode mode, BucketResult *result)
+bucket_apply(const LimitParams *params, SubjectState *state, int64 now_ms,
+			 int64 cost, LimitMode mode, LimitResult *result)
 {
 	int64		capacity = params->capacity_units;
 	int64		need = cost * params->unit;
@@ -190,15 +190,15 @@ bucket_apply(const BucketParams *params, BucketState *state, int64 now_ms,
 	else
 		paused = last - now_ms;
 
-	result->allowed = mode == BUCKET_REFUND || level >= need;
+	result->allowed = mode == LIMIT_REFUND || level >= need;
 	result->retry_after_ms = 0;
-	if (mode == BUCKET_REFUND)
+	if (mode == LIMIT_REFUND)
 		level = Min(capacity, level + need);
-	else if (result->allowed && mode == BUCKET_TAKE)
+	else if (result->allowed && mode == LIMIT_TAKE)
 		level -= need;
 	else if (!result->allowed)
 		result->retry_after_ms = add_saturating(paused, ceil_div(need - level, params->rate));
-	if (result->allowed && mode != BUCKET_PEEK)
+	if (result->allowed && mode != LIMIT_PEEK)
 	{
 		state->level = level;
 		state->last_ms = last;
@@ -210,7 +210,7 @@ bucket_apply(const BucketParams *params, BucketState *state, int64 now_ms,
 
 /* True when the bucket has refilled completely by now_ms: forgetting it loses nothing. */
 static bool
-bucket_is_full(const BucketParams *params, const BucketState *state, int64 now_ms)
+bucket_is_full(const LimitParams *params, const SubjectState *state, int64 now_ms)
 {
 	return now_ms >= state->last_ms &&
 		now_ms - state->last_ms >= ceil_div(params->capacity_units - Min(state->level, params->capacity_units),
@@ -219,7 +219,7 @@ bucket_is_full(const BucketParams *params, const BucketState *state, int64 now_m
 
 /* A bucket holding tokens (at most its capacity) at now_ms. */
 static void
-bucket_state_holding(const BucketParams *params, BucketState *state, int64 now_ms, int64 tokens)
+bucket_state_holding(const LimitParams *params, SubjectState *state, int64 now_ms, int64 tokens)
 {
 	state->level = Min(tokens, params->capacity) * params->unit;
 	state->last_ms = Max(state->last_ms, now_ms);

@@ -174,7 +174,7 @@ calendar_window(WindowCalendar calendar, const char *time_zone, int64 at_ms,
 
 /* The window of params that at_ms falls in. */
 void
-window_at(const BucketParams *params, int64 at_ms, LimitWindow *window)
+window_at(const LimitParams *params, int64 at_ms, LimitWindow *window)
 {
 	if (params->calendar == CALENDAR_NONE)
 	{

@@ -12,7 +12,7 @@
 #define WINDOW_KEY_MARGIN_MS 1000
 
 extern WindowCalendar window_calendar(int months, int days, int64 time_us);
-extern void window_at(const BucketParams *params, int64 at_ms, LimitWindow *window);
+extern void window_at(const LimitParams *params, int64 at_ms, LimitWindow *window);
 extern const char *window_key(const char *key, int64 start_ms);
 extern const char *window_number(int64 value);
 

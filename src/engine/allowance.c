@@ -50,7 +50,7 @@ allowance_grant(const DecisionRequest *request, const LocalKey *key, int64 at_ms
 
 	memset(plan, 0, sizeof(*plan));
 	/* The slices are the server's: a session with a Redis of its own takes none. */
-	if (request->mode != BUCKET_TAKE || policy->allowance <= 0 || !policy->usable ||
+	if (request->mode != LIMIT_TAKE || policy->allowance <= 0 || !policy->usable ||
 		!limit_slices(policy->algorithm) || !slices_available() ||
 		request->refund_id != NULL || !redis_url_is_server_wide())
 		return false;

@@ -65,8 +65,8 @@ decision_key(const DecisionRequest *request)
 {
 	StringInfoData key;
 
-	if (request->key != NULL)
-		return request->key;
+	if (request->redis_key != NULL)
+		return request->redis_key;
 	initStringInfo(&key);
 	subject_build_key(&key, &request->policy, request->subject, request->length);
 	return key.data;
@@ -109,17 +109,17 @@ call_of(const LimitCall *part, int64 extra, RedisCall *call)
  * key (a refund with an id: its mark after it, sharing its hash tag).
  */
 static void
-request_call(const DecisionRequest *request, BucketMode mode, const char *key, int64 at_ms,
+request_call(const DecisionRequest *request, LimitMode mode, const char *key, int64 at_ms,
 			 int64 slice_most, RedisCall *call)
 {
-	const BucketParams *params = &request->policy.bucket;
+	const LimitParams *params = &request->policy.bucket;
 	const char *mark = NULL;
 	LimitCall	part = {0};
 
 	if (request->refund_id != NULL)
 		mark = psprintf("%s:refund:%s", key, request->refund_id);
 	limit_ops(params)->call(params, mode, key, request->cost, at_ms, mark, &part);
-	call_of(&part, mode == BUCKET_SLICE ? slice_most : -1, call);
+	call_of(&part, mode == LIMIT_SLICE ? slice_most : -1, call);
 }
 
 /* The call of request as it is, at its own time (a reservation's refund at its end). */
@@ -289,11 +289,11 @@ begin(Deciding *d, bool alone, GiveBacks *backs)
 
 	decision_init(&request->policy, d->decision);
 	/* A refund goes to the bucket whatever answers decisions. */
-	if (request->mode != BUCKET_REFUND && decision_fixed(&request->policy, d->decision))
+	if (request->mode != LIMIT_REFUND && decision_fixed(&request->policy, d->decision))
 		return true;
 	d->local_key = request_local_key(request);
 	read_clock(d);
-	if (request->mode != BUCKET_REFUND)
+	if (request->mode != LIMIT_REFUND)
 	{
 		/* The slice first: its tokens were taken from Redis before any denial remembered. */
 		if (allowance_grant(request, &d->local_key, d->at_ms, alone, &d->plan, &grant))
@@ -350,7 +350,7 @@ call(Deciding **asking, int nasking, const GiveBacks *backs, RedisFailure *failu
 		Deciding   *d = asking[n];
 		bool		fetch = d->plan.outcome == SLICE_FETCH;
 
-		request_call(d->request, fetch ? BUCKET_SLICE : d->request->mode, d->key, d->at_ms,
+		request_call(d->request, fetch ? LIMIT_SLICE : d->request->mode, d->key, d->at_ms,
 					 d->plan.want, &calls[backs->count + n]);
 	}
 	memset(failure, 0, sizeof(*failure));
@@ -422,9 +422,9 @@ decide(Deciding *ds, int count, bool alone)
 	{
 		const DecisionRequest *request = ds[i].request;
 
-		if (request->mode != BUCKET_REFUND)
+		if (request->mode != LIMIT_REFUND)
 			decision_shadow(&request->policy, ds[i].decision);
-		if (request->mode == BUCKET_TAKE)
+		if (request->mode == LIMIT_TAKE)
 			engine_observe_decision(request, ds[i].decision, request->cost);
 	}
 	pfree(calls);

@@ -26,11 +26,11 @@ decision_local_possible(const DecisionRequest *request)
  * counts at: request_counts_at_ms).
  */
 void
-decision_local(const DecisionRequest *request, const LocalKey *key, int64 at_ms, BucketMode mode,
+decision_local(const DecisionRequest *request, const LocalKey *key, int64 at_ms, LimitMode mode,
 			   Decision *decision)
 {
-	BucketResult result;
-	const BucketParams *params = &request->policy.local_bucket;
+	LimitResult result;
+	const LimitParams *params = &request->policy.local_bucket;
 
 	local_apply(params, key, at_ms, Min(request->cost, params->capacity), mode, &result);
 	decision->allowed = result.allowed;
@@ -71,7 +71,7 @@ decision_by_fail_mode(const DecisionRequest *request, const LocalKey *key, int64
 {
 	const Policy *policy = &request->policy;
 
-	if (request->mode == BUCKET_REFUND)
+	if (request->mode == LIMIT_REFUND)
 	{
 		decision->allowed = false;
 		decision->retry_after_ms = retry_after_ms;
@@ -106,7 +106,7 @@ decision_refund_local(const DecisionRequest *request)
 	if (!local_available() || !request->policy.local_usable)
 		return;
 	key = request_local_key(request);
-	decision_local(request, &key, request_counts_at_ms(request, clock_now_ms()), BUCKET_REFUND,
+	decision_local(request, &key, request_counts_at_ms(request, clock_now_ms()), LIMIT_REFUND,
 				   &decision);
 }
 

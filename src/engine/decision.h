@@ -43,7 +43,7 @@ typedef struct Decision
 
 extern bool decision_local_possible(const DecisionRequest *request);
 extern void decision_local(const DecisionRequest *request, const LocalKey *key, int64 at_ms,
-						   BucketMode mode, Decision *decision);
+						   LimitMode mode, Decision *decision);
 extern void decision_refund_local(const DecisionRequest *request);
 extern bool decision_script_failed(const Policy *policy, const RedisFailure *failure,
 								   Decision *decision);

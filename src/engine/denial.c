@@ -32,7 +32,7 @@ deny_cache_usable(const DecisionRequest *request)
  * the sliding algorithms, whose wait depends on what they counted when.
  */
 static int64
-longer_wait_ms(const BucketParams *params, int64 more)
+longer_wait_ms(const LimitParams *params, int64 more)
 {
 	if (params->algorithm == ALGORITHM_FIXED_WINDOW)
 		return 0;
@@ -56,7 +56,7 @@ denial_answer(const DecisionRequest *request, const LocalKey *key, int64 now_ms,
 	int64		longer = 0;
 	bool		larger_ok;
 
-	if (request->mode != BUCKET_TAKE || !deny_cache_usable(request))
+	if (request->mode != LIMIT_TAKE || !deny_cache_usable(request))
 		return false;
 	larger_ok = longer_wait_ms(&request->policy.bucket, 1) >= 0;
 	if (!deny_cache_find(key, request->cost, larger_ok, now_ms, &entry))
@@ -94,14 +94,14 @@ void
 denial_learn(const DecisionRequest *request, const LocalKey *key, const Decision *decision,
 			 int64 asked_us)
 {
-	if (request->mode == BUCKET_REFUND)
+	if (request->mode == LIMIT_REFUND)
 		denial_forget(request, key);
 	if (!deny_cache_usable(request))
 		return;
-	if (request->mode == BUCKET_TAKE && decision->source == DECISION_SOURCE_REDIS &&
+	if (request->mode == LIMIT_TAKE && decision->source == DECISION_SOURCE_REDIS &&
 		!decision->allowed && decision->retry_after_ms > 0)
 	{
-		const BucketParams *params = &request->policy.bucket;
+		const LimitParams *params = &request->policy.bucket;
 		int64		longest = limit_ops(params)->full_ms(params) + 1;
 		int64		now_ms = clock_now_ms();
 		DenyEntry	entry = {

@@ -52,7 +52,7 @@ group_redis(Group *group, RedisFailure *failure)
 	for (int i = 0; i < group->count; i++)
 	{
 		const DecisionRequest *request = &group->requests[i];
-		const BucketParams *params = &request->policy.bucket;
+		const LimitParams *params = &request->policy.bucket;
 		const LimitOps *ops = limit_ops(params);
 		LimitCall	part = {0};
 
@@ -157,7 +157,7 @@ group_fail_mode(Group *group)
 		if (group->fixed[i] || decision->source != DECISION_SOURCE_LOCAL || !decision->allowed)
 			continue;
 		key = request_local_key(request);
-		decision_local(request, &key, request_counts_at_ms(request, now_ms), BUCKET_REFUND,
+		decision_local(request, &key, request_counts_at_ms(request, now_ms), LIMIT_REFUND,
 					   &refund);
 		decision->remaining = refund.remaining;
 		decision->reset_after_ms = refund.reset_after_ms;

@@ -57,12 +57,12 @@ request_check(Oid function_oid, const char *name, const char *subject, int lengt
  * amount is capped at the capacity instead).
  */
 void
-request_cost(DecisionRequest *request, BucketMode mode, int64 cost)
+request_cost(DecisionRequest *request, LimitMode mode, int64 cost)
 {
 	const Policy *policy = &request->policy;
-	const char *amount_name = mode == BUCKET_REFUND ? "amount" : "cost";
+	const char *amount_name = mode == LIMIT_REFUND ? "amount" : "cost";
 
-	if (policy->algorithm == ALGORITHM_CONCURRENCY && mode != BUCKET_PEEK)
+	if (policy->algorithm == ALGORITHM_CONCURRENCY && mode != LIMIT_PEEK)
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_WRONG_OBJECT_TYPE),
@@ -75,7 +75,7 @@ request_cost(DecisionRequest *request, BucketMode mode, int64 cost)
 				 errmsg("a peek at concurrency policy \"%s\" counts one lease", policy->name),
 				 errdetail("The cost was " INT64_FORMAT ".", cost),
 				 errhint("Peek with a cost of 1, or omit the cost.")));
-	if (mode == BUCKET_REFUND && cost > policy->bucket.capacity)
+	if (mode == LIMIT_REFUND && cost > policy->bucket.capacity)
 		cost = policy->bucket.capacity;
 	if (cost <= 0 || cost > policy->bucket.capacity)
 		ereport(ERROR,

@@ -15,16 +15,16 @@ typedef struct DecisionRequest
 	const char *subject;		/* not NUL-terminated */
 	int			length;
 	int64		cost;			/* a refund's amount */
-	BucketMode	mode;
+	LimitMode	mode;
 	const char *refund_id;		/* refunds: done once per id, when set */
-	const char *key;			/* the Redis key, when fixed in advance; else built */
+	const char *redis_key;		/* the Redis key, when fixed in advance; else built */
 	int64		at_ms;			/* the time a window algorithm's window is chosen by; 0: now */
-	int64		slice_most;		/* BUCKET_SLICE: the most tokens to take */
+	int64		slice_most;		/* LIMIT_SLICE: the most tokens to take */
 } DecisionRequest;
 
 extern const Policy *request_check(Oid function_oid, const char *name, const char *subject,
 								   int length, DecisionRequest *request);
-extern void request_cost(DecisionRequest *request, BucketMode mode, int64 cost);
+extern void request_cost(DecisionRequest *request, LimitMode mode, int64 cost);
 extern int64 request_at_ms(const DecisionRequest *request);
 
 /*

@@ -31,7 +31,7 @@
 typedef struct Reservation
 {
 	LedgerEntry entry;
-	DecisionRequest request;	/* the refund: mode BUCKET_REFUND, with an id */
+	DecisionRequest request;	/* the refund: mode LIMIT_REFUND, with an id */
 	DecisionSource source;		/* who granted it: Redis or the local bucket */
 } Reservation;
 
@@ -75,7 +75,7 @@ reservation_free(LedgerEntry *entry)
 	Reservation *reservation = (Reservation *) entry;
 
 	pfree((char *) reservation->request.subject);
-	pfree((char *) reservation->request.key);
+	pfree((char *) reservation->request.redis_key);
 	pfree((char *) reservation->request.refund_id);
 }
 
@@ -110,7 +110,7 @@ reservation_remember(const DecisionRequest *request, DecisionSource source)
 	if (last != NULL && last->entry.ops == &reservation_ops && last->source == source &&
 		last->entry.subxact == GetCurrentSubTransactionId() &&
 		strcmp(last->entry.redis_url, redis_url_current()) == 0 &&
-		strcmp(last->request.key, request->key) == 0 &&
+		strcmp(last->request.redis_key, request->redis_key) == 0 &&
 		(limit_refills(request->policy.algorithm) || last->request.at_ms == request->at_ms))
 	{
 		last->request.cost = Min(last->request.cost + request->cost,
@@ -124,8 +124,8 @@ reservation_remember(const DecisionRequest *request, DecisionSource source)
 	memcpy(subject, request->subject, request->length);
 	reservation->request = *request;
 	reservation->request.subject = subject;
-	reservation->request.mode = BUCKET_REFUND;
-	reservation->request.key = pstrdup(request->key);
+	reservation->request.mode = LIMIT_REFUND;
+	reservation->request.redis_key = pstrdup(request->redis_key);
 	reservation->request.refund_id = clock_unique_id();
 	reservation->source = source;
 	MemoryContextSwitchTo(old_context);
@@ -148,7 +148,7 @@ reservation_take_many(const DecisionRequest *requests, Decision *decisions, int 
 		takes[i] = requests[i];
 		initStringInfo(&key);
 		subject_build_key(&key, &takes[i].policy, takes[i].subject, takes[i].length);
-		takes[i].key = key.data;
+		takes[i].redis_key = key.data;
 		takes[i].at_ms = now_ms;
 	}
 	batch_run(takes, decisions, count);
@@ -161,7 +161,7 @@ reservation_take_many(const DecisionRequest *requests, Decision *decisions, int 
 			reservation_remember(&takes[i], DECISION_SOURCE_REDIS);
 		else if (decisions[i].allowed && decisions[i].source == DECISION_SOURCE_LOCAL)
 			reservation_remember(&takes[i], DECISION_SOURCE_LOCAL);
-		pfree((char *) takes[i].key);
+		pfree((char *) takes[i].redis_key);
 	}
 	pfree(takes);
 	/* Raised once what was granted is in the ledger: the rollback it causes gives it back. */

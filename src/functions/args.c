@@ -21,13 +21,13 @@
  * request for mode: raises the contract's errors for bad input.
  */
 void
-args_request(FunctionCallInfo fcinfo, BucketMode mode, DecisionRequest *request)
+args_request(FunctionCallInfo fcinfo, LimitMode mode, DecisionRequest *request)
 {
 	if (PG_NARGS() > 2 && PG_ARGISNULL(2) && !PG_ARGISNULL(0) && !PG_ARGISNULL(1))
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must not be null", mode == BUCKET_REFUND ? "amount" : "cost"),
+				 errmsg("%s must not be null", mode == LIMIT_REFUND ? "amount" : "cost"),
 				 errhint("Pass a whole number of tokens, or omit it for 1.")));
 	args_policy_subject(fcinfo, request);
 	request_cost(request, mode, PG_NARGS() > 2 ? PG_GETARG_INT64(2) : 1);

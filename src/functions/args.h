@@ -10,7 +10,7 @@
 
 #include "engine/decision.h"
 
-extern void args_request(FunctionCallInfo fcinfo, BucketMode mode, DecisionRequest *request);
+extern void args_request(FunctionCallInfo fcinfo, LimitMode mode, DecisionRequest *request);
 extern const Policy *args_policy_subject(FunctionCallInfo fcinfo, DecisionRequest *request);
 extern int	args_array(FunctionCallInfo fcinfo, int argno, Oid type, const char *what,
 					   Datum **values);

@@ -29,7 +29,7 @@ RL_SQL_FUNCTION(rl_consume)
 	DecisionRequest request;
 	Decision	decision;
 
-	args_request(fcinfo, BUCKET_TAKE, &request);
+	args_request(fcinfo, LIMIT_TAKE, &request);
 	decision_run(&request, &decision);
 	return args_decision_datum(fcinfo, &decision);
 }
@@ -43,7 +43,7 @@ RL_SQL_FUNCTION(rl_enforce)
 	DecisionRequest request;
 	Decision	decision;
 
-	args_request(fcinfo, BUCKET_TAKE, &request);
+	args_request(fcinfo, LIMIT_TAKE, &request);
 	decision_run(&request, &decision);
 	enforce(fcinfo->flinfo->fn_oid, &decision);
 	return args_decision_datum(fcinfo, &decision);
@@ -55,7 +55,7 @@ RL_SQL_FUNCTION(rl_reserve)
 	DecisionRequest request;
 	Decision	decision;
 
-	args_request(fcinfo, BUCKET_TAKE, &request);
+	args_request(fcinfo, LIMIT_TAKE, &request);
 	reservation_take(&request, &decision);
 	return args_decision_datum(fcinfo, &decision);
 }
@@ -66,7 +66,7 @@ RL_SQL_FUNCTION(rl_peek)
 	DecisionRequest request;
 	Decision	decision;
 
-	args_request(fcinfo, BUCKET_PEEK, &request);
+	args_request(fcinfo, LIMIT_PEEK, &request);
 	if (request.policy.algorithm == ALGORITHM_CONCURRENCY)
 		lease_peek(&request, &decision);
 	else
@@ -80,7 +80,7 @@ RL_SQL_FUNCTION(rl_refund)
 	DecisionRequest request;
 	Decision	decision;
 
-	args_request(fcinfo, BUCKET_REFUND, &request);
+	args_request(fcinfo, LIMIT_REFUND, &request);
 	decision_run(&request, &decision);
 	audit("refund", decision.policy);
 	return args_decision_datum(fcinfo, &decision);
@@ -92,7 +92,7 @@ RL_SQL_FUNCTION(rl_reset)
 	DecisionRequest request;
 	bool		done;
 
-	args_request(fcinfo, BUCKET_PEEK, &request);
+	args_request(fcinfo, LIMIT_PEEK, &request);
 	done = decision_reset(&request);
 	audit("reset", request.policy.name);
 	PG_RETURN_BOOL(done);

@@ -50,7 +50,7 @@ RL_SQL_FUNCTION(rl_consume_all)
 
 		request_check(fcinfo->flinfo->fn_oid, TextDatumGetCString(policies[i]),
 					  VARDATA_ANY(subject), VARSIZE_ANY_EXHDR(subject), &requests[i]);
-		request_cost(&requests[i], BUCKET_TAKE, costs ? DatumGetInt64(costs[i]) : 1);
+		request_cost(&requests[i], LIMIT_TAKE, costs ? DatumGetInt64(costs[i]) : 1);
 		group_check(requests, i);
 	}
 

@@ -58,7 +58,7 @@ RL_SQL_FUNCTION(rl_consume_many)
 
 		request_check(fcinfo->flinfo->fn_oid, policy, VARDATA_ANY(subject),
 					  VARSIZE_ANY_EXHDR(subject), &requests[i]);
-		request_cost(&requests[i], BUCKET_TAKE, costs ? DatumGetInt64(costs[i]) : 1);
+		request_cost(&requests[i], LIMIT_TAKE, costs ? DatumGetInt64(costs[i]) : 1);
 	}
 
 	/* Checked before anything is charged: a context that takes no set fails here. */

@@ -139,7 +139,7 @@ charge_check(FunctionCallInfo fcinfo, const TriggerArgs *args, const char *subje
 				 errdetail("The write needs " INT64_FORMAT " tokens for one subject; the policy holds at most " INT64_FORMAT ".",
 						   cost, request->policy.bucket.capacity),
 				 errhint("Write fewer rows for one subject in one statement, or raise the policy's capacity.")));
-	request_cost(request, BUCKET_TAKE, cost);
+	request_cost(request, LIMIT_TAKE, cost);
 }
 
 /* Charges subject cost tokens of the policy as a reservation; raises when denied. */

@@ -30,7 +30,7 @@ typedef struct LocalSlot
 	int64		unit;
 	int64		rate;
 	int64		window_ms;
-	BucketState state;
+	SubjectState state;
 } LocalSlot;
 
 static SharedTable table = {
@@ -90,7 +90,7 @@ local_available(void)
 
 /* True when a slot's stored state was made with these parameters. */
 static bool
-slot_matches(const LocalSlot *slot, const BucketParams *params)
+slot_matches(const LocalSlot *slot, const LimitParams *params)
 {
 	return slot->algorithm == params->algorithm && slot->capacity == params->capacity &&
 		slot->unit == params->unit && slot->rate == params->rate &&
@@ -98,10 +98,10 @@ slot_matches(const LocalSlot *slot, const BucketParams *params)
 }
 
 /* The parameters a slot's bucket was made with: params, in the slot's own terms. */
-static BucketParams
-slot_params(const LocalSlot *slot, const BucketParams *params)
+static LimitParams
+slot_params(const LocalSlot *slot, const LimitParams *params)
 {
-	BucketParams own = *params;
+	LimitParams own = *params;
 
 	own.algorithm = slot->algorithm;
 	own.calendar = slot->calendar;
@@ -115,7 +115,7 @@ slot_params(const LocalSlot *slot, const BucketParams *params)
 
 /* Makes slot's parameters params'. */
 static void
-slot_set_params(LocalSlot *slot, const BucketParams *params)
+slot_set_params(LocalSlot *slot, const LimitParams *params)
 {
 	slot->algorithm = params->algorithm;
 	slot->calendar = params->calendar;
@@ -131,14 +131,14 @@ slot_set_params(LocalSlot *slot, const BucketParams *params)
  * what it has counted), so that a change never hands out a fresh full bucket.
  */
 static void
-slot_convert(LocalSlot *slot, const BucketParams *params, int64 now_ms)
+slot_convert(LocalSlot *slot, const LimitParams *params, int64 now_ms)
 {
-	BucketParams old = slot_params(slot, params);
-	BucketResult held;
+	LimitParams old = slot_params(slot, params);
+	LimitResult held;
 
 	int64		tokens;
 
-	limit_ops(&old)->apply(&old, &slot->state, now_ms, 0, BUCKET_PEEK, &held);
+	limit_ops(&old)->apply(&old, &slot->state, now_ms, 0, LIMIT_PEEK, &held);
 	/* A bucket keeps the tokens it holds; a window, the tokens it has counted. */
 	tokens = limit_refills(params->algorithm) ? held.remaining :
 		Max(params->capacity - (old.capacity - held.remaining), 0);
@@ -151,7 +151,7 @@ slot_convert(LocalSlot *slot, const BucketParams *params, int64 now_ms)
 /* What the eviction rule of local_apply knows: the policy, the time, and what it saw. */
 typedef struct Reuse
 {
-	const BucketParams *params;
+	const LimitParams *params;
 	int64		now_ms;
 	int64		soonest_full;	/* of the buckets kept: how long until one has refilled */
 } Reuse;
@@ -167,15 +167,15 @@ reusable(void *slot, void *arg, int64 *rank)
 	LocalSlot  *local = slot;
 	Reuse	   *reuse = arg;
 	/* A bucket is judged by the parameters it was made with. */
-	BucketParams own = slot_params(local, reuse->params);
-	BucketResult probe;
-	BucketState copy = local->state;
+	LimitParams own = slot_params(local, reuse->params);
+	LimitResult probe;
+	SubjectState copy = local->state;
 
 	*rank = 0;
 	if (limit_ops(&own)->is_idle(&own, &local->state, reuse->now_ms))
 		return true;
 	/* How long until this one is full: a cost-free look at it. */
-	limit_ops(&own)->apply(&own, &copy, reuse->now_ms, 0, BUCKET_PEEK, &probe);
+	limit_ops(&own)->apply(&own, &copy, reuse->now_ms, 0, LIMIT_PEEK, &probe);
 	reuse->soonest_full = Min(reuse->soonest_full, probe.reset_after_ms);
 	return false;
 }
@@ -186,8 +186,8 @@ reusable(void *slot, void *arg, int64 *rank)
  * exceed params->capacity.
  */
 void
-local_apply(const BucketParams *params, const LocalKey *key, int64 now_ms, int64 cost,
-			BucketMode mode, BucketResult *result)
+local_apply(const LimitParams *params, const LocalKey *key, int64 now_ms, int64 cost,
+			LimitMode mode, LimitResult *result)
 {
 	Reuse		reuse = {.params = params, .now_ms = now_ms, .soonest_full = PG_INT64_MAX};
 	int			partition;

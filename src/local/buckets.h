@@ -13,8 +13,8 @@ extern Size local_shmem_size(void);
 extern void local_shmem_request(void);
 extern void local_shmem_init(void);
 extern bool local_available(void);
-extern void local_apply(const BucketParams *params, const LocalKey *key, int64 now_ms,
-						int64 cost, BucketMode mode, BucketResult *result);
+extern void local_apply(const LimitParams *params, const LocalKey *key, int64 now_ms,
+						int64 cost, LimitMode mode, LimitResult *result);
 extern void local_usage(int *in_use, int *slots);
 
 #endif							/* RL_LOCAL_BUCKETS_H */

@@ -284,7 +284,7 @@ sweep(int partition, int64 now_ms, SliceGiveBack *backs, int *nbacks)
 static bool
 same_origin(SliceSlot *slot, const SliceAsk *ask)
 {
-	return memcmp(&slot->origin.params, ask->params, sizeof(BucketParams)) == 0;
+	return memcmp(&slot->origin.params, ask->params, sizeof(LimitParams)) == 0;
 }
 
 /*

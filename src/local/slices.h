@@ -22,7 +22,7 @@
 /* Tokens taken from Redis and not granted, to give back to where they came from. */
 typedef struct SliceGiveBack
 {
-	BucketParams params;
+	LimitParams params;
 	char		key[SLICE_KEY_LEN]; /* the subject's base key */
 	int64		tokens;
 	int64		taken_ms;		/* when they were taken: a window's go back to its window */
@@ -35,7 +35,7 @@ typedef struct SliceAsk
 	int64		cost;
 	int64		allowance;		/* the most tokens one slice holds */
 	int64		ttl_ms;			/* how long a slice may be used */
-	const BucketParams *params;
+	const LimitParams *params;
 	const char *redis_key;		/* set for slices_install only */
 	int64		now_ms;			/* the take's time (a window's: the one it counts in) */
 	bool		may_fetch;		/* may fetch a new slice (a batch may not: see slices_take) */

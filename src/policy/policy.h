@@ -48,10 +48,10 @@ typedef struct Policy
 	FailMode	fail_mode;
 	PolicyMode	mode;
 	bool		usable;			/* false: the row is outside the bucket's bounds */
-	BucketParams bucket;		/* concurrency: only capacity and ttl_ms (the lease TTL) */
+	LimitParams bucket;		/* concurrency: only capacity and ttl_ms (the lease TTL) */
 	/* The local fallback bucket: capacity (and refill) scaled by local_share. */
 	bool		local_usable;
-	BucketParams local_bucket;
+	LimitParams local_bucket;
 	Interval	period;			/* the row's refill_period: a window algorithm's window */
 	int64		idle_ttl_ms;	/* 0: null, the time to refill completely */
 	bool		deny_cache;		/* denials from Redis are remembered until their retry-after */
