@@ -1,6 +1,6 @@
 -- ratelimit 0.8.0 -> 0.9.0: a restore of a dump that has no installation id keeps reading
 -- the keys its policies used; a policy with an allowance that can take no slices (no
--- preload) is warned of.
+-- preload) is warned of; a row that breaks a CHECK constraint is told what it requires.
 -- Every operator and function outside a function with a pinned search_path is written
 -- with pg_catalog: this script runs with the extension's schema in search_path.
 \echo Use "ALTER EXTENSION ratelimit UPDATE TO '0.9.0'" to load this file. \quit
@@ -102,3 +102,101 @@ BEGIN
     RETURN NEW;
 END
 $$;
+
+-- What each CHECK constraint of the two tables requires, in words: the HINT of its error
+-- (_rl_explain_check).
+COMMENT ON CONSTRAINT rl_policy_name_check ON @extschema@.rl_policy IS
+    'A policy name is 1 to 63 characters of a-z, 0-9, "_", "." and "-", as in ''reports.export''.';
+COMMENT ON CONSTRAINT rl_policy_algorithm_check ON @extschema@.rl_policy IS
+    'algorithm is one of token_bucket, gcra, fixed_window, sliding_window, sliding_log or concurrency.';
+COMMENT ON CONSTRAINT rl_policy_algorithm_fields_check ON @extschema@.rl_policy IS
+    'token_bucket and gcra need refill_amount and refill_period; the window algorithms need refill_period (the window) and take no refill_amount nor idle_ttl; concurrency takes no refill and needs idle_ttl (how long a lease lives).';
+COMMENT ON CONSTRAINT rl_policy_capacity_check ON @extschema@.rl_policy IS
+    'capacity is at least 1.';
+COMMENT ON CONSTRAINT rl_policy_capacity_bound_check ON @extschema@.rl_policy IS
+    'capacity is below 2^53 (9,007,199,254,740,992), which Redis''s numbers hold exactly.';
+COMMENT ON CONSTRAINT rl_policy_refill_amount_check ON @extschema@.rl_policy IS
+    'refill_amount is at least 1.';
+COMMENT ON CONSTRAINT rl_policy_refill_period_check ON @extschema@.rl_policy IS
+    'refill_period is a whole number of milliseconds, at least 1 ms, without months or years; or exactly ''1 mon'' or ''1 year'' (fixed_window).';
+COMMENT ON CONSTRAINT rl_policy_months_check ON @extschema@.rl_policy IS
+    'Only fixed_window takes a period of a month or a year.';
+COMMENT ON CONSTRAINT rl_policy_time_zone_check ON @extschema@.rl_policy IS
+    'time_zone is a zone PostgreSQL knows (SELECT name FROM pg_timezone_names), at most 63 bytes.';
+COMMENT ON CONSTRAINT rl_policy_time_zone_algorithm_check ON @extschema@.rl_policy IS
+    'Only fixed_window takes a time_zone other than UTC (its calendar windows start at local midnight).';
+COMMENT ON CONSTRAINT rl_policy_window_bound_check ON @extschema@.rl_policy IS
+    'gcra: refill_amount / g at most 512 and capacity * period_ms / g below 2^52 (g: their gcd); sliding_window: capacity * period_ms below 2^51; sliding_log: capacity at most 10,000.';
+COMMENT ON CONSTRAINT rl_policy_allowance_check ON @extschema@.rl_policy IS
+    'allowance is NULL (none) or from 1 to the capacity.';
+COMMENT ON CONSTRAINT rl_policy_allowance_ttl_check ON @extschema@.rl_policy IS
+    'allowance_ttl is a whole number of milliseconds from 1 ms to 1 hour.';
+COMMENT ON CONSTRAINT rl_policy_allowance_algorithm_check ON @extschema@.rl_policy IS
+    'Only token_bucket, gcra and fixed_window take an allowance.';
+COMMENT ON CONSTRAINT rl_policy_idle_ttl_check ON @extschema@.rl_policy IS
+    'idle_ttl is NULL or a whole number of milliseconds, at least the time the bucket takes to refill completely (capacity / refill_amount * refill_period).';
+COMMENT ON CONSTRAINT rl_policy_idle_ttl_bound_check ON @extschema@.rl_policy IS
+    'idle_ttl is at most 2^52 ms (about 142,000 years).';
+COMMENT ON CONSTRAINT rl_policy_fail_mode_check ON @extschema@.rl_policy IS
+    'fail_mode is open, closed or local.';
+COMMENT ON CONSTRAINT rl_policy_mode_check ON @extschema@.rl_policy IS
+    'mode is enforce, shadow or disabled.';
+COMMENT ON CONSTRAINT rl_policy_local_share_check ON @extschema@.rl_policy IS
+    'local_share is from 0.000001 to 1.';
+COMMENT ON CONSTRAINT rl_policy_exact_check ON @extschema@.rl_policy IS
+    'capacity * period_ms / g + refill_amount / g is below 2^53 (g: the gcd of refill_amount and period_ms): a smaller capacity, or a refill that divides the period.';
+COMMENT ON CONSTRAINT rl_override_subject_check ON @extschema@.rl_override IS
+    'subject is 1 to 1024 bytes.';
+COMMENT ON CONSTRAINT rl_override_action_check ON @extschema@.rl_override IS
+    'action is limit, allow or deny.';
+COMMENT ON CONSTRAINT rl_override_action_fields_check ON @extschema@.rl_override IS
+    'allow and deny take no limits; limit needs a capacity; a refill_amount needs a refill_period.';
+COMMENT ON CONSTRAINT rl_override_capacity_check ON @extschema@.rl_override IS
+    'capacity is at least 1.';
+COMMENT ON CONSTRAINT rl_override_capacity_bound_check ON @extschema@.rl_override IS
+    'capacity is below 2^53 (9,007,199,254,740,992).';
+COMMENT ON CONSTRAINT rl_override_refill_amount_check ON @extschema@.rl_override IS
+    'refill_amount is at least 1.';
+COMMENT ON CONSTRAINT rl_override_refill_period_check ON @extschema@.rl_override IS
+    'refill_period is a whole number of milliseconds, at least 1 ms, without months or years.';
+COMMENT ON CONSTRAINT rl_override_expiry_check ON @extschema@.rl_override IS
+    'expires_at is NULL or later than created_at.';
+COMMENT ON CONSTRAINT rl_override_exact_check ON @extschema@.rl_override IS
+    'capacity * period_ms / g + refill_amount / g is below 2^53 (g: the gcd of refill_amount and period_ms).';
+
+-- Says in words what a new row of rl_policy or rl_override breaks: the first of its CHECK
+-- constraints (by name, as PostgreSQL checks them) that it fails raises 23514 with that
+-- constraint's name, as PostgreSQL would, and what the constraint requires (its comment)
+-- as the HINT. The constraints stay the rule (a row this misses is still refused); this
+-- only explains, before they would. Rows of these tables are written rarely. Its triggers
+-- fire after the tables' other BEFORE triggers (they fire by name), whose errors come first.
+CREATE FUNCTION @extschema@._rl_explain_check() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    tests text;
+    failed name;
+BEGIN
+    SELECT string_agg(format('WHEN (%s) IS FALSE THEN %L', pg_get_expr(c.conbin, c.conrelid), c.conname),
+                      ' ' ORDER BY c.conname)
+      INTO tests FROM pg_constraint c WHERE c.conrelid OPERATOR(pg_catalog.=) TG_RELID AND c.contype OPERATOR(pg_catalog.=) 'c';
+    IF tests IS NOT NULL THEN
+        EXECUTE format('SELECT CASE %s END FROM (SELECT ($1).*) AS r', tests) INTO failed USING NEW;
+    END IF;
+    IF failed IS NOT NULL THEN
+        RAISE EXCEPTION 'new row for relation "%" violates check constraint "%"', TG_TABLE_NAME, failed
+            USING ERRCODE = 'check_violation', CONSTRAINT = failed, TABLE = TG_TABLE_NAME,
+                  SCHEMA = TG_TABLE_SCHEMA,
+                  HINT = coalesce((SELECT obj_description(c.oid, 'pg_constraint') FROM pg_constraint c
+                                   WHERE c.conrelid OPERATOR(pg_catalog.=) TG_RELID AND c.conname OPERATOR(pg_catalog.=) failed),
+                                  'See the constraints of ' || TG_TABLE_NAME || ' in the manual.');
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER rl_policy_words
+    BEFORE INSERT OR UPDATE ON @extschema@.rl_policy
+    FOR EACH ROW EXECUTE FUNCTION @extschema@._rl_explain_check();
+CREATE TRIGGER rl_override_words
+    BEFORE INSERT OR UPDATE ON @extschema@.rl_override
+    FOR EACH ROW EXECUTE FUNCTION @extschema@._rl_explain_check();

@@ -149,15 +149,21 @@ static const LedgerOps lease_ops = {
 	.free = lease_free,
 };
 
-/* The decision when Redis cannot answer: 'open' allows (no lease is held), others deny. */
+/*
+ * The decision when Redis cannot answer: the policy's fail mode, as every
+ * decision's ('open' allows, and no lease is held; a concurrency policy has
+ * no local bucket, so 'local' denies as 'closed'), until Redis is tried
+ * again (lease_call's retry_after_ms, at least 1 ms).
+ */
 static void
-lease_fail_mode(const Policy *policy, Decision *decision)
+lease_fail_mode(const DecisionRequest *request, Decision *decision)
 {
-	decision->allowed = policy->fail_mode == FAIL_MODE_OPEN;
-	decision->source = decision->allowed ? DECISION_SOURCE_FAIL_OPEN : DECISION_SOURCE_FAIL_CLOSED;
-	/* retry_after_ms: lease_call's, until Redis is tried again. */
-	decision->retry_after_ms = decision->allowed ? 0 : Max(decision->retry_after_ms, 1);
-	decision->reset_after_ms = decision->retry_after_ms;
+	LocalKey	key = request_local_key(request);
+
+	decision_by_fail_mode(request, &key, clock_now_ms(), Max(decision->retry_after_ms, 1),
+						  decision);
+	if (decision->allowed)
+		decision->retry_after_ms = 0;
 }
 
 /* Builds the lease set's key for request (palloc'd in the current context, no bigger than it). */
@@ -184,7 +190,7 @@ lease_peek(const DecisionRequest *request, Decision *decision)
 		char	   *key = lease_key(request);
 
 		if (!lease_call(LEASE_PEEK, &request->policy, key, "", decision, NULL))
-			lease_fail_mode(&request->policy, decision);
+			lease_fail_mode(request, decision);
 		pfree(key);
 	}
 	decision_shadow(&request->policy, decision);
@@ -242,7 +248,7 @@ lease_acquire(const DecisionRequest *request, bool session, Decision *decision)
 	if (!lease_call(LEASE_ACQUIRE, &request->policy, lease->key, lease->id, decision,
 					&unsure))
 	{
-		lease_fail_mode(&request->policy, decision);
+		lease_fail_mode(request, decision);
 		if (!unsure)
 			ledger_forget(&lease->entry);	/* Redis was not asked, or refused the connection */
 	}

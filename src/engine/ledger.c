@@ -330,6 +330,51 @@ ledger_fate(const LedgerEntry *entry, LedgerMoment moment, SubTransactionId from
 	return LEDGER_SETTLE;
 }
 
+/* The entries due at moment, listed in context (the list allocates: an error here takes nothing off). */
+static List *
+ledger_due(LedgerMoment moment, SubTransactionId from, MemoryContext context)
+{
+	MemoryContext caller_context = MemoryContextSwitchTo(context);
+	List	   *due = NIL;
+	ListCell   *cell;
+
+	foreach(cell, entries)
+		if (ledger_fate(lfirst(cell), moment, from) == LEDGER_SETTLE)
+			due = lappend(due, lfirst(cell));
+	MemoryContextSwitchTo(caller_context);
+	return due;
+}
+
+/*
+ * Takes everything that ends at moment off the ledger in one pass, the
+ * entries kept moving to the front (deleting one cell at a time would shift
+ * a long ledger once per entry); what is forgotten is freed.
+ */
+static void
+ledger_take_off(LedgerMoment moment, SubTransactionId from)
+{
+	ListCell   *cell;
+	int			kept = 0;
+
+	foreach(cell, entries)
+	{
+		LedgerEntry *entry = lfirst(cell);
+		LedgerFate	fate = ledger_fate(entry, moment, from);
+
+		if (fate == LEDGER_KEEP)
+			lfirst(list_nth_cell(entries, kept++)) = entry;
+		else if (fate == LEDGER_FORGET)
+			ledger_free(entry);
+	}
+	if (kept == 0)
+	{
+		list_free(entries);
+		entries = NIL;
+	}
+	else
+		entries = list_truncate(entries, kept);
+}
+
 /*
  * Settles or forgets the entries that end at moment; keeps the others. Raises
  * nothing: this runs inside commit and abort processing. Forgetting allocates
@@ -343,13 +388,14 @@ static void
 ledger_close(LedgerMoment moment, SubTransactionId from)
 {
 	MemoryContext caller_context = CurrentMemoryContext;
-	MemoryContext volatile context = NULL;
+	MemoryContext context;
 	List	   *volatile due = NIL;
 	uint32		interrupt_holdoff;
 	uint32		cancel_holdoff;
 
 	if (entries == NIL)
 		return;
+	context = AllocSetContextCreate(TopMemoryContext, "ratelimit settlement", ALLOCSET_DEFAULT_SIZES);
 	HOLD_INTERRUPTS();
 	/* An error resets these (errfinish): they are put back as they were. */
 	interrupt_holdoff = InterruptHoldoffCount;
@@ -357,43 +403,9 @@ ledger_close(LedgerMoment moment, SubTransactionId from)
 	PG_TRY();
 	{
 		ListCell   *cell;
-		int			kept = 0;
 
-		/* First the list of what is due, which allocates: an error here takes nothing off. */
-		foreach(cell, entries)
-		{
-			if (ledger_fate(lfirst(cell), moment, from) != LEDGER_SETTLE)
-				continue;
-			if (context == NULL)
-				context = AllocSetContextCreate(TopMemoryContext, "ratelimit settlement",
-												ALLOCSET_DEFAULT_SIZES);
-			MemoryContextSwitchTo(context);
-			due = lappend(due, lfirst(cell));
-			MemoryContextSwitchTo(caller_context);
-		}
-
-		/*
-		 * Then everything that ends is taken off in one pass, the entries kept
-		 * moving to the front: deleting one cell at a time would shift a long
-		 * ledger once per entry.
-		 */
-		foreach(cell, entries)
-		{
-			LedgerEntry *entry = lfirst(cell);
-			LedgerFate	fate = ledger_fate(entry, moment, from);
-
-			if (fate == LEDGER_KEEP)
-				lfirst(list_nth_cell(entries, kept++)) = entry;
-			else if (fate == LEDGER_FORGET)
-				ledger_free(entry);
-		}
-		if (kept == 0)
-		{
-			list_free(entries);
-			entries = NIL;
-		}
-		else
-			entries = list_truncate(entries, kept);
+		due = ledger_due(moment, from, context);
+		ledger_take_off(moment, from);
 		if (due != NIL)
 		{
 			MemoryContextSwitchTo(context);
@@ -417,8 +429,7 @@ ledger_close(LedgerMoment moment, SubTransactionId from)
 						list_length(due))));
 	}
 	PG_END_TRY();
-	if (context != NULL)
-		MemoryContextDelete(context);
+	MemoryContextDelete(context);
 	RESUME_INTERRUPTS();
 	if (entries == NIL)
 		MemoryContextReset(ledger_context);

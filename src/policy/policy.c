@@ -134,6 +134,109 @@ policy_limits(Policy *policy, int64 capacity, int64 refill_amount, int64 period_
 }
 
 /*
+ * Where each column of rl_policy is in a row of its relation: the ones every
+ * version has (deform indexes), and the attribute numbers of later ones
+ * (InvalidAttrNumber before the extension is updated).
+ */
+typedef struct PolicyColumns
+{
+	int			name,
+				algorithm,
+				capacity,
+				refill_amount,
+				refill_period,
+				idle_ttl,
+				fail_mode,
+				mode,
+				local_share,
+				version;
+	/* Added by 0.7: until the extension is updated, every zone is UTC, denials remembered. */
+	AttrNumber	time_zone;
+	AttrNumber	deny_cache;
+	/* Added by 0.8: until then, no allowances. */
+	AttrNumber	allowance;
+	AttrNumber	allowance_ttl;
+} PolicyColumns;
+
+/* Finds rel's columns. */
+static void
+policy_columns(Relation rel, PolicyColumns *columns)
+{
+	columns->name = policy_column(rel, "name");
+	columns->algorithm = policy_column(rel, "algorithm");
+	columns->capacity = policy_column(rel, "capacity");
+	columns->refill_amount = policy_column(rel, "refill_amount");
+	columns->refill_period = policy_column(rel, "refill_period");
+	columns->idle_ttl = policy_column(rel, "idle_ttl");
+	columns->fail_mode = policy_column(rel, "fail_mode");
+	columns->mode = policy_column(rel, "mode");
+	columns->local_share = policy_column(rel, "local_share");
+	columns->version = policy_column(rel, "version");
+	columns->time_zone = get_attnum(RelationGetRelid(rel), "time_zone");
+	columns->deny_cache = get_attnum(RelationGetRelid(rel), "deny_cache");
+	columns->allowance = get_attnum(RelationGetRelid(rel), "allowance");
+	columns->allowance_ttl = get_attnum(RelationGetRelid(rel), "allowance_ttl");
+}
+
+/* Fills policy (its name already set) from a row's values. */
+static void
+policy_from_row(Policy *policy, const Datum *values, const bool *nulls, const PolicyColumns *c,
+				uint64 installation)
+{
+	char	   *word;
+	int64		capacity;
+	int64		refill_amount;
+	int64		period_ms;
+
+	policy->version = DatumGetInt32(values[c->version]);
+	policy->installation = installation;
+	word = TextDatumGetCString(values[c->fail_mode]);
+	policy->fail_mode = parse_fail_mode(word);
+	word = TextDatumGetCString(values[c->mode]);
+	policy->mode = strcmp(word, "shadow") == 0 ? POLICY_MODE_SHADOW :
+		strcmp(word, "disabled") == 0 ? POLICY_MODE_DISABLED : POLICY_MODE_ENFORCE;
+	word = TextDatumGetCString(values[c->algorithm]);
+	policy->algorithm = limit_algorithm(word);
+	policy->idle_ttl_ms = nulls[c->idle_ttl] ? 0 :
+		policy_interval_ms(DatumGetIntervalP(values[c->idle_ttl]));
+	policy->local_share = DatumGetFloat8(DirectFunctionCall1(numeric_float8_no_overflow,
+															 values[c->local_share]));
+	policy->override = OVERRIDE_NONE;
+	capacity = DatumGetInt64(values[c->capacity]);
+	refill_amount = nulls[c->refill_amount] ? 0 : DatumGetInt64(values[c->refill_amount]);
+	memset(&policy->period, 0, sizeof(policy->period));
+	if (!nulls[c->refill_period])
+		policy->period = *DatumGetIntervalP(values[c->refill_period]);
+	period_ms = policy->period.month != 0 ? 0 : policy_interval_ms(&policy->period);
+	memset(&policy->bucket, 0, sizeof(policy->bucket));
+	strlcpy(policy->bucket.time_zone, "UTC", LIMIT_ZONE_LEN);
+	if (c->time_zone != InvalidAttrNumber && !nulls[c->time_zone - 1])
+		text_to_cstring_buffer(DatumGetTextPP(values[c->time_zone - 1]),
+							   policy->bucket.time_zone, LIMIT_ZONE_LEN);
+	policy->deny_cache = c->deny_cache == InvalidAttrNumber ||
+		nulls[c->deny_cache - 1] || DatumGetBool(values[c->deny_cache - 1]);
+	policy->allowance = 0;
+	policy->allowance_ttl_ms = 0;
+	if (c->allowance != InvalidAttrNumber && c->allowance_ttl != InvalidAttrNumber &&
+		!nulls[c->allowance - 1] && !nulls[c->allowance_ttl - 1] &&
+		limit_slices(policy->algorithm))
+	{
+		policy->allowance = DatumGetInt64(values[c->allowance - 1]);
+		policy->allowance_ttl_ms =
+			policy_interval_ms(DatumGetIntervalP(values[c->allowance_ttl - 1]));
+		if (policy->allowance <= 0 || policy->allowance_ttl_ms <= 0)
+			policy->allowance = 0;
+	}
+	policy->local_usable = false;
+	if (policy->algorithm == ALGORITHM_CONCURRENCY)
+		/* Leases: capacity at once, each living at most idle_ttl. */
+		policy->usable = limit_params_init(&policy->bucket, ALGORITHM_CONCURRENCY, capacity,
+										   0, NULL, policy->idle_ttl_ms, NULL);
+	else
+		policy_limits(policy, capacity, refill_amount, period_ms, policy->idle_ttl_ms);
+}
+
+/*
  * Reads every row of rl_policy (locked by the caller) into cache. A row outside
  * the bounds (possible only if someone dropped the table's constraints) is kept
  * marked unusable, so that it fails its own decisions and no others.
@@ -143,85 +246,22 @@ policy_load_all(HTAB *cache, Oid relid, Snapshot snapshot, uint64 installation)
 {
 	Relation	rel = table_open(relid, NoLock);
 	TupleDesc	desc = RelationGetDescr(rel);
-	int			name_col = policy_column(rel, "name"),
-				algorithm_col = policy_column(rel, "algorithm"),
-				capacity_col = policy_column(rel, "capacity"),
-				refill_amount_col = policy_column(rel, "refill_amount"),
-				refill_period_col = policy_column(rel, "refill_period"),
-				idle_ttl_col = policy_column(rel, "idle_ttl"),
-				fail_mode_col = policy_column(rel, "fail_mode"),
-				mode_col = policy_column(rel, "mode"),
-				local_share_col = policy_column(rel, "local_share"),
-				version_col = policy_column(rel, "version");
-	/* Added by 0.7: until the extension is updated, every zone is UTC, denials remembered. */
-	AttrNumber	time_zone_attnum = get_attnum(RelationGetRelid(rel), "time_zone");
-	AttrNumber	deny_cache_attnum = get_attnum(RelationGetRelid(rel), "deny_cache");
-	/* Added by 0.8: until then, no allowances. */
-	AttrNumber	allowance_attnum = get_attnum(RelationGetRelid(rel), "allowance");
-	AttrNumber	allowance_ttl_attnum = get_attnum(RelationGetRelid(rel), "allowance_ttl");
+	PolicyColumns columns;
 	Datum	   *values = palloc(desc->natts * sizeof(Datum));
 	bool	   *nulls = palloc(desc->natts * sizeof(bool));
-	TableScanDesc scan = table_beginscan(rel, snapshot, 0, NULL);
+	TableScanDesc scan;
 	HeapTuple	tuple;
 
+	policy_columns(rel, &columns);
+	scan = table_beginscan(rel, snapshot, 0, NULL);
 	while ((tuple = heap_getnext(scan, ForwardScanDirection)) != NULL)
 	{
 		char	   *name;
-		char	   *word;
-		Policy	   *policy;
-		int64		capacity;
-		int64		refill_amount;
-		int64		period_ms;
 
 		heap_deform_tuple(tuple, desc, values, nulls);
-		name = TextDatumGetCString(values[name_col]);
-		policy = hash_search(cache, name, HASH_ENTER, NULL);
-		policy->version = DatumGetInt32(values[version_col]);
-		policy->installation = installation;
-		word = TextDatumGetCString(values[fail_mode_col]);
-		policy->fail_mode = parse_fail_mode(word);
-		word = TextDatumGetCString(values[mode_col]);
-		policy->mode = strcmp(word, "shadow") == 0 ? POLICY_MODE_SHADOW :
-			strcmp(word, "disabled") == 0 ? POLICY_MODE_DISABLED : POLICY_MODE_ENFORCE;
-		word = TextDatumGetCString(values[algorithm_col]);
-		policy->algorithm = limit_algorithm(word);
-		policy->idle_ttl_ms = nulls[idle_ttl_col] ? 0 :
-			policy_interval_ms(DatumGetIntervalP(values[idle_ttl_col]));
-		policy->local_share = DatumGetFloat8(DirectFunctionCall1(numeric_float8_no_overflow,
-																 values[local_share_col]));
-		policy->override = OVERRIDE_NONE;
-		capacity = DatumGetInt64(values[capacity_col]);
-		refill_amount = nulls[refill_amount_col] ? 0 : DatumGetInt64(values[refill_amount_col]);
-		memset(&policy->period, 0, sizeof(policy->period));
-		if (!nulls[refill_period_col])
-			policy->period = *DatumGetIntervalP(values[refill_period_col]);
-		period_ms = policy->period.month != 0 ? 0 : policy_interval_ms(&policy->period);
-		memset(&policy->bucket, 0, sizeof(policy->bucket));
-		strlcpy(policy->bucket.time_zone, "UTC", LIMIT_ZONE_LEN);
-		if (time_zone_attnum != InvalidAttrNumber && !nulls[time_zone_attnum - 1])
-			text_to_cstring_buffer(DatumGetTextPP(values[time_zone_attnum - 1]),
-								   policy->bucket.time_zone, LIMIT_ZONE_LEN);
-		policy->deny_cache = deny_cache_attnum == InvalidAttrNumber ||
-			nulls[deny_cache_attnum - 1] || DatumGetBool(values[deny_cache_attnum - 1]);
-		policy->allowance = 0;
-		policy->allowance_ttl_ms = 0;
-		if (allowance_attnum != InvalidAttrNumber && allowance_ttl_attnum != InvalidAttrNumber &&
-			!nulls[allowance_attnum - 1] && !nulls[allowance_ttl_attnum - 1] &&
-			limit_slices(policy->algorithm))
-		{
-			policy->allowance = DatumGetInt64(values[allowance_attnum - 1]);
-			policy->allowance_ttl_ms =
-				policy_interval_ms(DatumGetIntervalP(values[allowance_ttl_attnum - 1]));
-			if (policy->allowance <= 0 || policy->allowance_ttl_ms <= 0)
-				policy->allowance = 0;
-		}
-		policy->local_usable = false;
-		if (policy->algorithm == ALGORITHM_CONCURRENCY)
-			/* Leases: capacity at once, each living at most idle_ttl. */
-			policy->usable = limit_params_init(&policy->bucket, ALGORITHM_CONCURRENCY, capacity,
-											   0, NULL, policy->idle_ttl_ms, NULL);
-		else
-			policy_limits(policy, capacity, refill_amount, period_ms, policy->idle_ttl_ms);
+		name = TextDatumGetCString(values[columns.name]);
+		policy_from_row(hash_search(cache, name, HASH_ENTER, NULL), values, nulls, &columns,
+						installation);
 	}
 	table_endscan(scan);
 	table_close(rel, NoLock);

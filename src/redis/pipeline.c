@@ -415,6 +415,61 @@ map_elsewhere(const Pipeline *pipeline, int lost)
 }
 
 /*
+ * After node's exchange (ok, or failure): each call of the run (in_run)
+ * gets its answer, its round trip and retry-after, or goes on to next_seed
+ * (not negative: the node was a seed that cannot be reached) or to its
+ * slot's new master.
+ */
+static void
+node_results(Pipeline *pipeline, int node, const bool *in_run, bool ok,
+			 const RedisFailure *failure, int next_seed, BreakerState *breaker)
+{
+	const char *name = cluster_node_name(node);
+	int64		now = clock_monotonic_us();
+
+	for (int i = 0; i < pipeline->ncalls; i++)
+	{
+		RedisCall  *call = &pipeline->calls[i];
+
+		if (!in_run[i])
+			continue;
+		if (next_seed >= 0)
+		{
+			call->node = next_seed;
+			continue;
+		}
+		/* Not sent, and its slot has another master now: sent there. */
+		if (!ok && !failure->maybe_ran && !call->done && cluster_enabled() &&
+			cluster_route(call->keys[0]) != node && call->redirects < REDIS_MAX_REDIRECTS)
+		{
+			call->node = cluster_route(call->keys[0]);
+			call->redirects++;
+			continue;
+		}
+		/* A round trip is what came back: none for a call lost with its connection. */
+		call->round_trip_us = ok && call->first_sent_us != 0 ? now - call->first_sent_us : -1;
+		/* Even an answer can be unusable (a number out of range): the caller may need it. */
+		call->retry_after_ms = breaker_retry_after_ms(breaker);
+		/* Answered, or redirected (sent again, on the node named). */
+		if (call->answered || (ok && !call->done && call->failure.kind == REDIS_FAILURE_NONE))
+			continue;
+		if (!ok)
+			call->failure = *failure;	/* skipped (kind NONE), or lost with the connection */
+		call->done = true;		/* also a call that answered NOSCRIPT every round */
+		strlcpy(call->failure.node, cluster_enabled() ? name : "", sizeof(call->failure.node));
+		/* A node that cannot serve (a replica now): the next call connects anew. */
+		if (ok && redis_failure_wrong_node(call->failure.kind))
+		{
+			connection_discard(node);
+			cluster_map_doubt();
+		}
+		/* A password wanted or refused: the next connection authenticates with the one set then. */
+		if (ok && call->failure.kind == REDIS_FAILURE_AUTH)
+			connection_discard(node);
+	}
+}
+
+/*
  * Runs the pending calls of node through its breaker: skipped while it is
  * open, else sent; every call that finishes here is done, and those
  * redirected elsewhere are left for the next node. While the URL's nodes have
@@ -431,7 +486,6 @@ node_run(Pipeline *pipeline, int node)
 	bool		probing;
 	bool		ok = false;
 	int			next_seed = -1;
-	int64		now;
 
 	pipeline->node = node;
 	for (int i = 0; i < pipeline->ncalls; i++)
@@ -471,47 +525,7 @@ node_run(Pipeline *pipeline, int node)
 		if (!failure.maybe_ran && cluster_wants_map())
 			map_elsewhere(pipeline, node);
 	}
-	now = clock_monotonic_us();
-	for (int i = 0; i < pipeline->ncalls; i++)
-	{
-		RedisCall  *call = &pipeline->calls[i];
-
-		if (!in_run[i])
-			continue;
-		if (next_seed >= 0)
-		{
-			call->node = next_seed;
-			continue;
-		}
-		/* Not sent, and its slot has another master now: sent there. */
-		if (!ok && !failure.maybe_ran && !call->done && cluster_enabled() &&
-			cluster_route(call->keys[0]) != node && call->redirects < REDIS_MAX_REDIRECTS)
-		{
-			call->node = cluster_route(call->keys[0]);
-			call->redirects++;
-			continue;
-		}
-		/* A round trip is what came back: none for a call lost with its connection. */
-		call->round_trip_us = ok && call->first_sent_us != 0 ? now - call->first_sent_us : -1;
-		/* Even an answer can be unusable (a number out of range): the caller may need it. */
-		call->retry_after_ms = breaker_retry_after_ms(breaker);
-		/* Answered, or redirected (sent again, on the node named). */
-		if (call->answered || (ok && !call->done && call->failure.kind == REDIS_FAILURE_NONE))
-			continue;
-		if (!ok)
-			call->failure = failure;	/* skipped (kind NONE), or lost with the connection */
-		call->done = true;		/* also a call that answered NOSCRIPT every round */
-		strlcpy(call->failure.node, cluster_enabled() ? name : "", sizeof(call->failure.node));
-		/* A node that cannot serve (a replica now): the next call connects anew. */
-		if (ok && redis_failure_wrong_node(call->failure.kind))
-		{
-			connection_discard(node);
-			cluster_map_doubt();
-		}
-		/* A password wanted or refused: the next connection authenticates with the one set then. */
-		if (ok && call->failure.kind == REDIS_FAILURE_AUTH)
-			connection_discard(node);
-	}
+	node_results(pipeline, node, in_run, ok, &failure, next_seed, breaker);
 	pfree(in_run);
 }
 
