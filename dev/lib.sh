@@ -15,7 +15,7 @@ RL_USER=${RL_USER:-postgres}
 # the build, the servers, the tests' tools (procps: pgrep), and the package's build.
 RL_PACKAGES="build-essential postgresql-$RL_PG_VERSION postgresql-server-dev-$RL_PG_VERSION
   postgresql-contrib redis-server redis-tools libipc-run-perl perl procps pgbouncer libssl-dev
-  openssl debhelper postgresql-server-dev-all fakeroot"
+  openssl debhelper postgresql-server-dev-all fakeroot lintian"
 export PATH="$RL_PG_BIN:$PATH"
 
 rl_log() { printf '\n=== %s\n' "$*"; }
