@@ -258,7 +258,6 @@ decision_raise_script_error(const Decision *decision)
 static void
 read_clock(Deciding *d)
 {
-
 	d->now_ms = clock_now_ms();
 	d->at_ms = request_counts_at_ms(d->request, d->now_ms);
 }
