@@ -336,11 +336,12 @@ my @off;
 foreach my $row (@fast)
 {
 	my ($next) = grep { $_->[1] > $row->[1] } @slow;
-	my ($previous) = grep { $_->[1] < $row->[1] } reverse @slow;
+	my ($previous) = grep { $_->[1] <= $row->[1] } reverse @slow;
 	next unless $next;
 	# While a probe is under way, the retry-after is the probe's own deadline: so for a
 	# decision made during one, and for one that was still running when the next began
-	# (another session may have claimed that probe before this one looked).
+	# (another session may have claimed that probe before this one looked). A decision that
+	# began in the same microsecond as a probe is one made during it.
 	next if $previous && $row->[1] < $previous->[1] + $previous->[2] / 1000 + 0.01;
 	next if $row->[1] + $row->[2] / 1000 >= $next->[1];
 	push @off, [ abs($row->[1] + ($row->[2] + $row->[4]) / 1000 - $next->[1]), $row, $next ];

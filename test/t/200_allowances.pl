@@ -140,6 +140,7 @@ cmp_ok(10000 - $total - $left, '<=', 4 * 100, 'at most one allowance parked per 
 my $deadline = time + 60;
 usleep(50_000) until time > $deadline || granted(3, 'al.kill', 'allowance') > 0;
 cmp_ok(granted(3, 'al.kill', 'allowance'), '>', 0, 'the fourth server grants from a slice');
+my $killed_pid = $nodes[3]->{_pid};
 $nodes[3]->kill9;
 note 'killed the fourth server';
 foreach my $i (0 .. 2)
@@ -152,8 +153,11 @@ eval { $runs[3]{handle}->finish };
 note "pgbench on the killed server:\n$runs[3]{out}\n$runs[3]{err}";
 # Its committed grants survive crash recovery: count them too. (It starts once its
 # orphaned backends, which end on the postmaster's death, have let go of its memory.)
+# And once the killed postmaster itself is gone, not only dead: until its parent has reaped
+# it, its PID still answers, and a new postmaster refuses its lock file.
 $deadline = time + 60;
-usleep(100_000) while `pgrep -f 'postgres: allo[w]4: '` ne '' && time < $deadline;
+usleep(100_000)
+  while (`pgrep -f 'postgres: allo[w]4: '` ne '' || kill(0, $killed_pid)) && time < $deadline;
 $nodes[3]->start;
 @granted = map { granted($_, 'al.kill') } 0 .. 3;
 $total = 0;
