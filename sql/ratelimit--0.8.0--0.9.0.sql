@@ -78,9 +78,10 @@ BEGIN
             USING DETAIL = 'Local fallback buckets live in shared memory: ratelimit is not in shared_preload_libraries.',
                   HINT = 'Add ratelimit to shared_preload_libraries and restart the server.';
     END IF;
-    -- ratelimit.allowance_size exists only when preloaded.
+    -- ratelimit.allowance_size is the library's only when preloaded.
     IF NEW.allowance IS NOT NULL AND (TG_OP = 'INSERT' OR OLD.allowance IS NULL)
-       AND coalesce(current_setting('ratelimit.allowance_size', true), '0') = '0' THEN
+       AND (NOT @extschema@._rl_local_available()
+            OR coalesce(current_setting('ratelimit.allowance_size', true), '0') = '0') THEN
         RAISE WARNING 'policy "%" takes no slices: every decision asks Redis', NEW.name
             USING DETAIL = 'Slices live in shared memory: ratelimit is not in shared_preload_libraries, or ratelimit.allowance_size is 0.',
                   HINT = 'Add ratelimit to shared_preload_libraries (and give ratelimit.allowance_size slots), then restart the server.';
@@ -168,8 +169,10 @@ COMMENT ON CONSTRAINT rl_override_exact_check ON @extschema@.rl_override IS
 -- constraints (by name, as PostgreSQL checks them) that it fails raises 23514 with that
 -- constraint's name, as PostgreSQL would, and what the constraint requires (its comment)
 -- as the HINT. The constraints stay the rule (a row this misses is still refused); this
--- only explains, before they would. Rows of these tables are written rarely. Its triggers
--- fire after the tables' other BEFORE triggers (they fire by name), whose errors come first.
+-- only explains, before they would: it raises no DETAIL (an override's row holds its raw
+-- subject, which no log line shows). Rows of these tables are written rarely. Its triggers
+-- fire after the tables' other BEFORE triggers (they fire by name), whose errors come first,
+-- and before a trigger of yours named after them.
 CREATE FUNCTION @extschema@._rl_explain_check() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -179,7 +182,12 @@ BEGIN
     SELECT string_agg(format('WHEN (%s) IS FALSE THEN %L', pg_get_expr(c.conbin, c.conrelid), c.conname),
                       ' ' ORDER BY c.conname)
       INTO tests FROM pg_constraint c WHERE c.conrelid OPERATOR(pg_catalog.=) TG_RELID AND c.contype OPERATOR(pg_catalog.=) 'c';
-    IF tests IS NOT NULL THEN
+    -- A NULL where the table wants none is PostgreSQL's to refuse first (23502), as before.
+    IF tests IS NOT NULL AND NOT EXISTS (
+        SELECT FROM pg_attribute a
+         WHERE a.attrelid OPERATOR(pg_catalog.=) TG_RELID AND a.attnum OPERATOR(pg_catalog.>) 0
+           AND NOT a.attisdropped AND a.attnotnull
+           AND jsonb_typeof(to_jsonb(NEW) OPERATOR(pg_catalog.->) a.attname::text) OPERATOR(pg_catalog.=) 'null') THEN
         EXECUTE format('SELECT CASE %s END FROM (SELECT ($1).*) AS r', tests) INTO failed USING NEW;
     END IF;
     IF failed IS NOT NULL THEN
@@ -193,6 +201,8 @@ BEGIN
     RETURN NEW;
 END
 $$;
+
+REVOKE ALL ON FUNCTION @extschema@._rl_explain_check() FROM PUBLIC;
 
 CREATE TRIGGER rl_policy_words
     BEFORE INSERT OR UPDATE ON @extschema@.rl_policy

@@ -423,11 +423,16 @@ decide(Deciding *ds, int count, bool alone)
 
 		if (request->mode != LIMIT_REFUND)
 			decision_shadow(&request->policy, ds[i].decision);
-		if (request->mode == LIMIT_TAKE)
+		/* A take alone whose script failed raises its error instead: nothing was decided. */
+		if (request->mode == LIMIT_TAKE && !(alone && ds[i].decision->script_error[0] != '\0'))
 			engine_observe_decision(request, ds[i].decision, request->cost);
 	}
 	pfree(calls);
 	pfree(asking);
+	if (backs.backs != NULL)
+		pfree(backs.backs);
+	if (lates.backs != NULL)
+		pfree(lates.backs);
 }
 
 /*

@@ -330,6 +330,18 @@ ledger_fate(const LedgerEntry *entry, LedgerMoment moment, SubTransactionId from
 	return LEDGER_SETTLE;
 }
 
+/* True when an entry is due to be settled at moment (a commit settles nothing). */
+static bool
+ledger_any_due(LedgerMoment moment, SubTransactionId from)
+{
+	ListCell   *cell;
+
+	foreach(cell, entries)
+		if (ledger_fate(lfirst(cell), moment, from) == LEDGER_SETTLE)
+			return true;
+	return false;
+}
+
 /* The entries due at moment, listed in context (the list allocates: an error here takes nothing off). */
 static List *
 ledger_due(LedgerMoment moment, SubTransactionId from, MemoryContext context)
@@ -388,14 +400,13 @@ static void
 ledger_close(LedgerMoment moment, SubTransactionId from)
 {
 	MemoryContext caller_context = CurrentMemoryContext;
-	MemoryContext context;
+	MemoryContext volatile context = NULL;
 	List	   *volatile due = NIL;
 	uint32		interrupt_holdoff;
 	uint32		cancel_holdoff;
 
 	if (entries == NIL)
 		return;
-	context = AllocSetContextCreate(TopMemoryContext, "ratelimit settlement", ALLOCSET_DEFAULT_SIZES);
 	HOLD_INTERRUPTS();
 	/* An error resets these (errfinish): they are put back as they were. */
 	interrupt_holdoff = InterruptHoldoffCount;
@@ -404,7 +415,13 @@ ledger_close(LedgerMoment moment, SubTransactionId from)
 	{
 		ListCell   *cell;
 
-		due = ledger_due(moment, from, context);
+		/* Only what is due allocates: a commit, which settles nothing, allocates nothing. */
+		if (ledger_any_due(moment, from))
+		{
+			context = AllocSetContextCreate(TopMemoryContext, "ratelimit settlement",
+											ALLOCSET_DEFAULT_SIZES);
+			due = ledger_due(moment, from, context);
+		}
 		ledger_take_off(moment, from);
 		if (due != NIL)
 		{
@@ -429,7 +446,8 @@ ledger_close(LedgerMoment moment, SubTransactionId from)
 						list_length(due))));
 	}
 	PG_END_TRY();
-	MemoryContextDelete(context);
+	if (context != NULL)
+		MemoryContextDelete(context);
 	RESUME_INTERRUPTS();
 	if (entries == NIL)
 		MemoryContextReset(ledger_context);

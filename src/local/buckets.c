@@ -58,7 +58,7 @@ local_init(bool preloaded)
 Size
 local_shmem_size(void)
 {
-	return add_size(table_shmem_size(&table), sizeof(pg_atomic_uint32));
+	return add_size(table_shmem_size(&table), CACHELINEALIGN(sizeof(pg_atomic_uint32)));
 }
 
 /* Asks for the partition locks; called from the shmem request hook. */

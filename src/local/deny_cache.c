@@ -58,7 +58,7 @@ deny_cache_init(bool preloaded)
 Size
 deny_cache_shmem_size(void)
 {
-	return add_size(table_shmem_size(&table), sizeof(int64) * DENY_PARTITIONS);
+	return add_size(table_shmem_size(&table), CACHELINEALIGN(sizeof(int64) * DENY_PARTITIONS));
 }
 
 void

@@ -4,7 +4,7 @@
  *	  buckets, the deny cache, the slices): a hash that places it, and a
  *	  keyed hash of the same identity that every match verifies.
  *
- * The placing hash (engine/request.c) is fast and public: lookup3, seeded
+ * The placing hash (local_keys_of) is fast and public: lookup3, seeded
  * with the database, policy, version and installation, all of which appear
  * in Redis keys. A role could craft a subject whose hash is another
  * subject's, and share its local bucket, be denied by its remembered denial

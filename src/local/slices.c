@@ -51,7 +51,6 @@
 #define SLICE_FETCH_STALE_MS 10000
 /* Slots a fetch looks at for expired slices to give back. */
 #define SLICE_SWEEP 32
-#define SLICE_TRANCHE "ratelimit slices"
 
 typedef struct SliceSlot
 {
@@ -132,7 +131,7 @@ slices_init(bool preloaded)
 Size
 slices_shmem_size(void)
 {
-	return add_size(table_shmem_size(&table), sizeof(SliceShared));
+	return add_size(table_shmem_size(&table), CACHELINEALIGN(sizeof(SliceShared)));
 }
 
 void

@@ -42,11 +42,12 @@ slots_per_partition(const SharedTable *table)
 		Max((table->size + table->partitions - 1) / table->partitions, table->probes);
 }
 
-/* Shared memory the table needs. */
+/* Shared memory the table needs (each allocation is rounded up to a cache line). */
 Size
 table_shmem_size(const SharedTable *table)
 {
-	return mul_size(table->slot_size, mul_size(slots_per_partition(table), table->partitions));
+	return CACHELINEALIGN(mul_size(table->slot_size,
+								   mul_size(slots_per_partition(table), table->partitions)));
 }
 
 /* Asks for the partitions' locks; called from the shmem request hook. */
