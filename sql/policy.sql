@@ -57,6 +57,18 @@ SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refi
 SELECT expect_error($$INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, local_share) VALUES ('p.share', 1, 1, '1 s', 0.25)$$);
 DELETE FROM rl_policy WHERE name LIKE 'p.%' OR name = repeat('a', 63);
 
+-- Each constraint's error says what it requires (its HINT); its SQLSTATE and name are
+-- PostgreSQL's own. On an insert, an update, an override; a NULL where none may be is
+-- PostgreSQL's 23502, as before.
+INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('p.hint', 0, 1, '1 second');
+INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('p.hint', 10, 1, '1 second');
+UPDATE rl_policy SET fail_mode = 'sometimes' WHERE name = 'p.hint';
+UPDATE rl_policy SET algorithm = 'sliding_log', refill_amount = NULL, capacity = 20000 WHERE name = 'p.hint';
+INSERT INTO rl_override (policy, subject, action, capacity, refill_amount, refill_period) VALUES ('p.hint', 'tenant_1', 'limit', 0, 1, '1 second');
+INSERT INTO rl_policy (name, capacity, refill_amount, refill_period) VALUES ('p.null', NULL, 0, '1 second');
+\echo :LAST_ERROR_SQLSTATE
+DELETE FROM rl_policy WHERE name = 'p.hint';
+
 -- version: new on insert, new when the meaning of stored state changes, kept otherwise.
 CREATE TEMP TABLE seen_versions AS SELECT version FROM rl_policy WHERE name = 'reports.export';
 -- (Its first version, brought back below: 1 in a fresh database, but not if files ran before.)
