@@ -40,6 +40,9 @@ static ProcessUtility_hook_type previous_process_utility = NULL;
 static shmem_request_hook_type previous_shmem_request_hook = NULL;
 static shmem_startup_hook_type previous_shmem_startup_hook = NULL;
 
+/* The shared-memory tables (local/table.c): local buckets, the deny cache, slices. */
+static SharedTable *const tables[] = {&local_buckets_table, &deny_cache_table, &slices_table};
+
 /*
  * DISCARD ALL (outside a transaction block, where it fails) gives back the
  * session's leases first; COMMIT PREPARED may have committed a change of the
@@ -77,15 +80,13 @@ ratelimit_shmem_request(void)
 	size = add_size(size, deadline_shmem_size());
 	size = add_size(size, breaker_shmem_size());
 	size = add_size(size, local_keys_shmem_size());
-	size = add_size(size, local_shmem_size());
-	size = add_size(size, deny_cache_shmem_size());
-	size = add_size(size, slices_shmem_size());
+	for (int i = 0; i < (int) lengthof(tables); i++)
+		size = add_size(size, table_shmem_size(tables[i]));
 	size = add_size(size, policy_shmem_size());
 	size = add_size(size, stats_shmem_size());
 	RequestAddinShmemSpace(size);
-	local_shmem_request();
-	deny_cache_shmem_request();
-	slices_shmem_request();
+	for (int i = 0; i < (int) lengthof(tables); i++)
+		table_shmem_request(tables[i]);
 	stats_shmem_request();
 }
 
@@ -99,9 +100,8 @@ ratelimit_shmem_startup(void)
 	deadline_shmem_init();
 	breaker_shmem_init();
 	local_keys_shmem_init();
-	local_shmem_init();
-	deny_cache_shmem_init();
-	slices_shmem_init();
+	for (int i = 0; i < (int) lengthof(tables); i++)
+		table_shmem_init(tables[i]);
 	policy_shmem_init();
 	stats_shmem_init();
 	LWLockRelease(AddinShmemInitLock);
@@ -124,9 +124,8 @@ _PG_init(void)
 	breaker_init();
 	/* local, policy */
 	local_keys_init(preloaded);
-	local_init(preloaded);
-	deny_cache_init(preloaded);
-	slices_init(preloaded);
+	for (int i = 0; i < (int) lengthof(tables); i++)
+		table_init(tables[i], preloaded);
 	subject_init();
 	policy_cache_init();
 	/* engine, observe, functions */

@@ -15,7 +15,6 @@
 #include "prelude.h"
 
 #include "port/atomics.h"
-#include "storage/shmem.h"
 
 #include "local/buckets.h"
 #include "local/table.h"
@@ -33,7 +32,14 @@ typedef struct LocalSlot
 	SubjectState state;
 } LocalSlot;
 
-static SharedTable table = {
+/* The table's header: the slots in use, for rl_health. */
+static void
+header_init(void *header)
+{
+	pg_atomic_init_u32(header, 0);
+}
+
+SharedTable local_buckets_table = {
 	.name = "ratelimit local buckets",
 	.slot_size = sizeof(LocalSlot),
 	.partitions = 16,
@@ -43,49 +49,15 @@ static SharedTable table = {
 	.size = 10000,
 	.size_min = 128,
 	.size_max = 10 * 1000 * 1000,
+	.header_size = sizeof(pg_atomic_uint32),
+	.header_init = header_init,
 };
-/* Slots in use, for rl_health. */
-static pg_atomic_uint32 *slots_in_use = NULL;
-
-/* Defines ratelimit.local_buckets, which sizes the table (when preloaded). */
-void
-local_init(bool preloaded)
-{
-	table_init(&table, preloaded);
-}
-
-/* Shared memory the table needs. */
-Size
-local_shmem_size(void)
-{
-	return add_size(table_shmem_size(&table), CACHELINEALIGN(sizeof(pg_atomic_uint32)));
-}
-
-/* Asks for the partition locks; called from the shmem request hook. */
-void
-local_shmem_request(void)
-{
-	table_shmem_request(&table);
-}
-
-/* Attaches to (or creates) the table; called with AddinShmemInitLock held. */
-void
-local_shmem_init(void)
-{
-	bool		found;
-
-	table_shmem_init(&table);
-	slots_in_use = ShmemInitStruct("ratelimit local buckets in use", sizeof(pg_atomic_uint32),
-								   &found);
-	if (!found)
-		pg_atomic_init_u32(slots_in_use, 0);
-}
 
 /* True when the library was preloaded, so that local buckets exist. */
 bool
 local_available(void)
 {
-	return table_available(&table);
+	return table_available(&local_buckets_table);
 }
 
 /* True when a slot's stored state was made with these parameters. */
@@ -195,13 +167,13 @@ local_apply(const LimitParams *params, const LocalKey *key, int64 now_ms, int64 
 	TableClaim	how;
 
 	Assert(key->hash != 0 && cost >= 0 && cost <= params->capacity);
-	partition = table_lock(&table, key, LW_EXCLUSIVE);
-	chosen = table_claim(&table, key, reusable, &reuse, &how);
+	partition = table_lock(&local_buckets_table, key, LW_EXCLUSIVE);
+	chosen = table_claim(&local_buckets_table, key, reusable, &reuse, &how);
 	if (chosen != NULL && how != TABLE_FOUND)
 	{
 		/* A new bucket, full, as a missing Redis key is. */
 		if (how == TABLE_WAS_EMPTY)
-			pg_atomic_fetch_add_u32(slots_in_use, 1);
+			pg_atomic_fetch_add_u32(local_buckets_table.header, 1);
 		slot_set_params(chosen, params);
 		limit_ops(params)->state_new(params, &chosen->state, now_ms);
 	}
@@ -209,7 +181,7 @@ local_apply(const LimitParams *params, const LocalKey *key, int64 now_ms, int64 
 		slot_convert(chosen, params, now_ms);
 	if (chosen != NULL)
 		limit_ops(params)->apply(params, &chosen->state, now_ms, cost, mode, result);
-	table_unlock(&table, partition);
+	table_unlock(&local_buckets_table, partition);
 
 	if (chosen == NULL)
 	{
@@ -225,6 +197,6 @@ local_apply(const LimitParams *params, const LocalKey *key, int64 now_ms, int64 
 void
 local_usage(int *in_use, int *slots)
 {
-	*in_use = slots_in_use ? (int) pg_atomic_read_u32(slots_in_use) : 0;
-	*slots = table_size(&table);
+	*in_use = local_buckets_table.header ? (int) pg_atomic_read_u32(local_buckets_table.header) : 0;
+	*slots = table_size(&local_buckets_table);
 }

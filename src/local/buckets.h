@@ -6,12 +6,10 @@
 #define RL_LOCAL_BUCKETS_H
 
 #include "algorithm/limit.h"
-#include "local/keys.h"
+#include "local/table.h"
 
-extern void local_init(bool preloaded);
-extern Size local_shmem_size(void);
-extern void local_shmem_request(void);
-extern void local_shmem_init(void);
+extern SharedTable local_buckets_table;
+
 extern bool local_available(void);
 extern void local_apply(const LimitParams *params, const LocalKey *key, int64 now_ms,
 						int64 cost, LimitMode mode, LimitResult *result);

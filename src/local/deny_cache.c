@@ -20,7 +20,6 @@
  */
 #include "prelude.h"
 
-#include "storage/shmem.h"
 
 #include "base/clock.h"
 #include "local/deny_cache.h"
@@ -34,7 +33,7 @@ typedef struct DenySlot
 	DenyEntry	entry;
 } DenySlot;
 
-static SharedTable table = {
+SharedTable deny_cache_table = {
 	.name = "ratelimit deny cache",
 	.slot_size = sizeof(DenySlot),
 	.partitions = DENY_PARTITIONS,
@@ -44,47 +43,21 @@ static SharedTable table = {
 	.size = 10000,
 	.size_min = 0,
 	.size_max = 10 * 1000 * 1000,
+	.header_size = sizeof(int64) * DENY_PARTITIONS,
 };
-/* When each partition last forgot a denial (clock_monotonic_us), under its lock. */
-static int64 *forgot_us = NULL;
 
-/* Defines ratelimit.deny_cache_size, which sizes the table (when preloaded). */
-void
-deny_cache_init(bool preloaded)
+/* The table's header: when each partition last forgot a denial (clock_monotonic_us), under its lock. */
+static int64 *
+forgot_us(void)
 {
-	table_init(&table, preloaded);
-}
-
-Size
-deny_cache_shmem_size(void)
-{
-	return add_size(table_shmem_size(&table), CACHELINEALIGN(sizeof(int64) * DENY_PARTITIONS));
-}
-
-void
-deny_cache_shmem_request(void)
-{
-	table_shmem_request(&table);
-}
-
-/* Attaches to (or creates) the table; called with AddinShmemInitLock held. */
-void
-deny_cache_shmem_init(void)
-{
-	bool		found;
-
-	table_shmem_init(&table);
-	forgot_us = ShmemInitStruct("ratelimit deny cache forgets", sizeof(int64) * DENY_PARTITIONS,
-								&found);
-	if (!found)
-		memset(forgot_us, 0, sizeof(int64) * DENY_PARTITIONS);
+	return deny_cache_table.header;
 }
 
 /* True when denials can be remembered: preloaded, with slots. */
 bool
 deny_cache_available(void)
 {
-	return table_available(&table);
+	return table_available(&deny_cache_table);
 }
 
 /*
@@ -94,14 +67,14 @@ deny_cache_available(void)
 bool
 deny_cache_find(const LocalKey *key, int64 cost, bool larger, int64 now_ms, DenyEntry *entry)
 {
-	int			partition = table_lock(&table, key, LW_SHARED);
-	DenySlot   *slot = table_find(&table, key);
+	int			partition = table_lock(&deny_cache_table, key, LW_SHARED);
+	DenySlot   *slot = table_find(&deny_cache_table, key);
 	bool		found = slot != NULL && slot->entry.until_ms > now_ms &&
 		(cost == slot->entry.cost || (larger && cost > slot->entry.cost));
 
 	if (found)
 		*entry = slot->entry;
-	table_unlock(&table, partition);
+	table_unlock(&deny_cache_table, partition);
 	return found;
 }
 
@@ -121,28 +94,28 @@ ends_soonest(void *slot, void *arg, int64 *rank)
 void
 deny_cache_remember(const LocalKey *key, const DenyEntry *entry, int64 asked_us)
 {
-	int			partition = table_lock(&table, key, LW_EXCLUSIVE);
+	int			partition = table_lock(&deny_cache_table, key, LW_EXCLUSIVE);
 	DenySlot   *chosen;
 	TableClaim	how;
 
-	if (forgot_us[partition] < asked_us)
+	if (forgot_us()[partition] < asked_us)
 	{
 		/* The latest denial of the subject is the one kept (its cost, its wait). */
-		chosen = table_claim(&table, key, ends_soonest, NULL, &how);
+		chosen = table_claim(&deny_cache_table, key, ends_soonest, NULL, &how);
 		chosen->entry = *entry;
 	}
-	table_unlock(&table, partition);
+	table_unlock(&deny_cache_table, partition);
 }
 
 /* Forgets key's denial (a refund or reset made here), and any in flight (see deny_cache_remember). */
 void
 deny_cache_forget(const LocalKey *key)
 {
-	int			partition = table_lock(&table, key, LW_EXCLUSIVE);
-	DenySlot   *slot = table_find(&table, key);
+	int			partition = table_lock(&deny_cache_table, key, LW_EXCLUSIVE);
+	DenySlot   *slot = table_find(&deny_cache_table, key);
 
-	forgot_us[partition] = clock_monotonic_us();
+	forgot_us()[partition] = clock_monotonic_us();
 	if (slot != NULL)
 		memset(slot, 0, sizeof(DenySlot));
-	table_unlock(&table, partition);
+	table_unlock(&deny_cache_table, partition);
 }

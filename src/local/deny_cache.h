@@ -6,7 +6,7 @@
 #define RL_DENY_CACHE_H
 
 #include "algorithm/limit.h"
-#include "local/keys.h"
+#include "local/table.h"
 
 /* A denial remembered: what Redis answered, and until when it holds. */
 typedef struct DenyEntry
@@ -17,10 +17,8 @@ typedef struct DenyEntry
 	int64		reset_until_ms;
 } DenyEntry;
 
-extern void deny_cache_init(bool preloaded);
-extern Size deny_cache_shmem_size(void);
-extern void deny_cache_shmem_request(void);
-extern void deny_cache_shmem_init(void);
+extern SharedTable deny_cache_table;
+
 extern bool deny_cache_available(void);
 extern bool deny_cache_find(const LocalKey *key, int64 cost, bool larger, int64 now_ms,
 							DenyEntry *entry);

@@ -85,8 +85,9 @@ typedef struct SliceShared
 } SliceShared;
 
 static void slot_init(void *slot);
+static void header_init(void *header);
 
-static SharedTable table = {
+SharedTable slices_table = {
 	.name = "ratelimit slices",
 	.slot_size = sizeof(SliceSlot),
 	.slot_init = slot_init,
@@ -97,9 +98,27 @@ static SharedTable table = {
 	.size = 1000,
 	.size_min = 0,
 	.size_max = 1000 * 1000,
+	.header_size = sizeof(SliceShared),
+	.header_init = header_init,
 };
-static SliceShared *shared = NULL;
 static bool exit_callback = false;
+
+/* What the partitions share: the table's header. */
+static SliceShared *
+shared(void)
+{
+	return slices_table.header;
+}
+
+static void
+header_init(void *header)
+{
+	SliceShared *made = header;
+
+	pg_atomic_init_u32(&made->tickets, 0);
+	for (int i = 0; i < SLICE_PARTITIONS; i++)
+		ConditionVariableInit(&made->fetched[i]);
+}
 
 /* Empties slot, keeping its key (an empty slot's is 0). */
 static void
@@ -121,47 +140,11 @@ slot_init(void *slot)
 	((SliceSlot *) slot)->key.hash = 0;
 }
 
-/* Defines ratelimit.allowance_size, which sizes the table (when preloaded). */
-void
-slices_init(bool preloaded)
-{
-	table_init(&table, preloaded);
-}
-
-Size
-slices_shmem_size(void)
-{
-	return add_size(table_shmem_size(&table), CACHELINEALIGN(sizeof(SliceShared)));
-}
-
-void
-slices_shmem_request(void)
-{
-	table_shmem_request(&table);
-}
-
-/* Attaches to (or creates) the table; called with AddinShmemInitLock held. */
-void
-slices_shmem_init(void)
-{
-	bool		found;
-
-	table_shmem_init(&table);
-	shared = ShmemInitStruct("ratelimit slices shared", sizeof(SliceShared), &found);
-	if (!found)
-	{
-		memset(shared, 0, sizeof(SliceShared));
-		pg_atomic_init_u32(&shared->tickets, 0);
-		for (int i = 0; i < SLICE_PARTITIONS; i++)
-			ConditionVariableInit(&shared->fetched[i]);
-	}
-}
-
 /* True when this server can hold slices: preloaded, with slots. */
 bool
 slices_available(void)
 {
-	return table_available(&table);
+	return table_available(&slices_table);
 }
 
 /*
@@ -241,7 +224,7 @@ static SliceSlot *
 claim(const SliceAsk *ask, SliceGiveBack *backs, int *nbacks)
 {
 	TableClaim	how;
-	SliceSlot  *chosen = table_claim(&table, &ask->key, idle, (void *) ask, &how);
+	SliceSlot  *chosen = table_claim(&slices_table, &ask->key, idle, (void *) ask, &how);
 
 	if (chosen == NULL)
 		return NULL;
@@ -261,13 +244,13 @@ claim(const SliceAsk *ask, SliceGiveBack *backs, int *nbacks)
 static void
 sweep(int partition, int64 now_ms, SliceGiveBack *backs, int *nbacks)
 {
-	int			n = Min(SLICE_SWEEP, table.slots_per_partition);
+	int			n = Min(SLICE_SWEEP, slices_table.slots_per_partition);
 
 	for (int i = 0; i < n && *nbacks < SLICE_MAX_GIVEBACKS; i++)
 	{
-		SliceSlot  *other = table_slot(&table, partition, shared->sweep[partition]);
+		SliceSlot  *other = table_slot(&slices_table, partition, shared()->sweep[partition]);
 
-		shared->sweep[partition] = (shared->sweep[partition] + 1) % table.slots_per_partition;
+		shared()->sweep[partition] = (shared()->sweep[partition] + 1) % slices_table.slots_per_partition;
 		if (other->key.hash != 0 && other->database == MyDatabaseId &&
 			pg_atomic_read_u64(&other->left) > 0 && !live(other, now_ms) &&
 			!fetching(other, now_ms))
@@ -327,12 +310,12 @@ starved(const SliceSlot *slot, const SliceAsk *ask)
 bool
 slices_grant(const SliceAsk *ask, SliceGrant *grant, bool *alone)
 {
-	int			partition = table_lock(&table, &ask->key, LW_SHARED);
-	SliceSlot  *slot = table_find(&table, &ask->key);
+	int			partition = table_lock(&slices_table, &ask->key, LW_SHARED);
+	SliceSlot  *slot = table_find(&slices_table, &ask->key);
 	bool		granted = slot != NULL && take_from(slot, ask, grant);
 
 	*alone = !granted && slot != NULL && starved(slot, ask);
-	table_unlock(&table, partition);
+	table_unlock(&slices_table, partition);
 	return granted;
 }
 
@@ -342,16 +325,16 @@ abandon_mine(int code, Datum arg)
 {
 	for (int partition = 0; partition < SLICE_PARTITIONS; partition++)
 	{
-		LWLockAcquire(&table.locks[partition].lock, LW_EXCLUSIVE);
-		for (int i = 0; i < table.slots_per_partition; i++)
+		LWLockAcquire(&slices_table.locks[partition].lock, LW_EXCLUSIVE);
+		for (int i = 0; i < slices_table.slots_per_partition; i++)
 		{
-			SliceSlot  *slot = table_slot(&table, partition, i);
+			SliceSlot  *slot = table_slot(&slices_table, partition, i);
 
 			if (slot->ticket != 0 && slot->fetch_pid == MyProcPid)
 				slot->ticket = 0;
 		}
-		LWLockRelease(&table.locks[partition].lock);
-		ConditionVariableBroadcast(&shared->fetched[partition]);
+		LWLockRelease(&slices_table.locks[partition].lock);
+		ConditionVariableBroadcast(&shared()->fetched[partition]);
 	}
 }
 
@@ -376,8 +359,8 @@ slices_take(const SliceAsk *ask, SliceGrant *grant, uint32 *ticket, int64 *want,
 	int64		now_ms = ask->now_ms;
 
 	*nbacks = 0;
-	partition = table_lock(&table, &ask->key, LW_EXCLUSIVE);
-	slot = table_find(&table, &ask->key);
+	partition = table_lock(&slices_table, &ask->key, LW_EXCLUSIVE);
+	slot = table_find(&slices_table, &ask->key);
 	if (slot == NULL)
 		(void) claim(ask, backs, nbacks);
 	else if (take_from(slot, ask, grant))
@@ -403,7 +386,7 @@ slices_take(const SliceAsk *ask, SliceGrant *grant, uint32 *ticket, int64 *want,
 			hand_back(slot, now_ms, backs, nbacks);
 			sweep(partition, now_ms, backs, nbacks);
 			do
-				next = pg_atomic_add_fetch_u32(&shared->tickets, 1);
+				next = pg_atomic_add_fetch_u32(&shared()->tickets, 1);
 			while (next == 0);
 			slot->ticket = *ticket = next;
 			slot->fetch_pid = MyProcPid;
@@ -414,7 +397,7 @@ slices_take(const SliceAsk *ask, SliceGrant *grant, uint32 *ticket, int64 *want,
 		else if (!live(slot, now_ms) || !same_origin(slot, ask))
 			hand_back(slot, now_ms, backs, nbacks);
 	}
-	table_unlock(&table, partition);
+	table_unlock(&slices_table, partition);
 	if (outcome == SLICE_FETCH && !exit_callback)
 	{
 		before_shmem_exit(abandon_mine, (Datum) 0);
@@ -435,8 +418,8 @@ SliceInstall
 slices_install(const SliceAsk *ask, uint32 ticket, int64 taken_ms, const SliceGrant *slice,
 			   int64 starved_until_ms)
 {
-	int			partition = table_lock(&table, &ask->key, LW_EXCLUSIVE);
-	SliceSlot  *slot = table_find(&table, &ask->key);
+	int			partition = table_lock(&slices_table, &ask->key, LW_EXCLUSIVE);
+	SliceSlot  *slot = table_find(&slices_table, &ask->key);
 	SliceInstall result = SLICE_MOVED_ON;
 
 	if (slot != NULL && slot->dropped == ticket)
@@ -456,8 +439,8 @@ slices_install(const SliceAsk *ask, uint32 ticket, int64 taken_ms, const SliceGr
 		slot->starved_until_ms = starved_until_ms;
 		result = SLICE_INSTALLED;
 	}
-	table_unlock(&table, partition);
-	ConditionVariableBroadcast(&shared->fetched[partition]);
+	table_unlock(&slices_table, partition);
+	ConditionVariableBroadcast(&shared()->fetched[partition]);
 	return result;
 }
 
@@ -469,8 +452,8 @@ slices_install(const SliceAsk *ask, uint32 ticket, int64 taken_ms, const SliceGr
 void
 slices_abandon(const SliceAsk *ask, uint32 ticket, int64 starved_until_ms)
 {
-	int			partition = table_lock(&table, &ask->key, LW_EXCLUSIVE);
-	SliceSlot  *slot = table_find(&table, &ask->key);
+	int			partition = table_lock(&slices_table, &ask->key, LW_EXCLUSIVE);
+	SliceSlot  *slot = table_find(&slices_table, &ask->key);
 
 	if (slot != NULL && slot->ticket == ticket)
 	{
@@ -478,8 +461,8 @@ slices_abandon(const SliceAsk *ask, uint32 ticket, int64 starved_until_ms)
 		if (starved_until_ms != 0)
 			slot->starved_until_ms = starved_until_ms;
 	}
-	table_unlock(&table, partition);
-	ConditionVariableBroadcast(&shared->fetched[partition]);
+	table_unlock(&slices_table, partition);
+	ConditionVariableBroadcast(&shared()->fetched[partition]);
 }
 
 /*
@@ -493,7 +476,7 @@ slices_wait(const LocalKey *key, uint32 ticket, int64 now_ms, int timeout_ms)
 	int			partition = key->hash % SLICE_PARTITIONS;
 	TimestampTz started = GetCurrentTimestamp();
 
-	ConditionVariablePrepareToSleep(&shared->fetched[partition]);
+	ConditionVariablePrepareToSleep(&shared()->fetched[partition]);
 	for (;;)
 	{
 		SliceSlot  *slot;
@@ -501,15 +484,15 @@ slices_wait(const LocalKey *key, uint32 ticket, int64 now_ms, int timeout_ms)
 		int64		elapsed = TimestampDifferenceMilliseconds(started, GetCurrentTimestamp());
 		int64		left = timeout_ms - elapsed;
 
-		(void) table_lock(&table, key, LW_SHARED);
-		slot = table_find(&table, key);
+		(void) table_lock(&slices_table, key, LW_SHARED);
+		slot = table_find(&slices_table, key);
 		under_way = slot != NULL && slot->ticket == ticket;
 		/* A fetch is waited for until its own deadline, no longer (a lost one's too). */
 		if (under_way)
 			left = Min(left, slot->fetch_until_ms - now_ms - elapsed);
-		table_unlock(&table, partition);
+		table_unlock(&slices_table, partition);
 		if (!under_way || left <= 0 ||
-			ConditionVariableTimedSleep(&shared->fetched[partition], (long) left, PG_WAIT_EXTENSION))
+			ConditionVariableTimedSleep(&shared()->fetched[partition], (long) left, PG_WAIT_EXTENSION))
 			break;
 	}
 	ConditionVariableCancelSleep();
@@ -519,15 +502,15 @@ slices_wait(const LocalKey *key, uint32 ticket, int64 now_ms, int timeout_ms)
 void
 slices_note(const SliceAsk *ask)
 {
-	int			partition = table_lock(&table, &ask->key, LW_EXCLUSIVE);
-	SliceSlot  *slot = table_find(&table, &ask->key);
+	int			partition = table_lock(&slices_table, &ask->key, LW_EXCLUSIVE);
+	SliceSlot  *slot = table_find(&slices_table, &ask->key);
 
 	if (slot != NULL)
 	{
 		rotate(slot, ask->now_ms, ask->ttl_ms);
 		pg_atomic_fetch_add_u64(&slot->used, ask->cost);
 	}
-	table_unlock(&table, partition);
+	table_unlock(&slices_table, partition);
 }
 
 /*
@@ -543,8 +526,8 @@ slices_forget(const LocalKey *key)
 
 	if (!slices_available())
 		return;
-	partition = table_lock(&table, key, LW_EXCLUSIVE);
-	slot = table_find(&table, key);
+	partition = table_lock(&slices_table, key, LW_EXCLUSIVE);
+	slot = table_find(&slices_table, key);
 	if (slot != NULL)
 	{
 		pg_atomic_write_u64(&slot->left, 0);
@@ -553,6 +536,6 @@ slices_forget(const LocalKey *key)
 		slot->ticket = 0;
 		slot->starved_until_ms = 0;	/* the bucket is full again */
 	}
-	table_unlock(&table, partition);
-	ConditionVariableBroadcast(&shared->fetched[partition]);
+	table_unlock(&slices_table, partition);
+	ConditionVariableBroadcast(&shared()->fetched[partition]);
 }

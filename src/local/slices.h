@@ -7,7 +7,7 @@
 #define RL_SLICES_H
 
 #include "algorithm/limit.h"
-#include "local/keys.h"
+#include "local/table.h"
 
 /*
  * Longest Redis key a slice remembers: above the longest key there can be
@@ -69,10 +69,8 @@ typedef struct SliceGrant
 	int64		givable_until_ms;	/* what is left is given back until then (a window's end) */
 } SliceGrant;
 
-extern void slices_init(bool preloaded);
-extern Size slices_shmem_size(void);
-extern void slices_shmem_request(void);
-extern void slices_shmem_init(void);
+extern SharedTable slices_table;
+
 extern bool slices_available(void);
 extern bool slices_grant(const SliceAsk *ask, SliceGrant *grant, bool *alone);
 extern SliceOutcome slices_take(const SliceAsk *ask, SliceGrant *grant, uint32 *ticket,

@@ -42,12 +42,14 @@ slots_per_partition(const SharedTable *table)
 		Max((table->size + table->partitions - 1) / table->partitions, table->probes);
 }
 
-/* Shared memory the table needs (each allocation is rounded up to a cache line). */
+/* Shared memory the table needs: its header, then its slots, each on its own cache lines. */
 Size
 table_shmem_size(const SharedTable *table)
 {
-	return CACHELINEALIGN(mul_size(table->slot_size,
-								   mul_size(slots_per_partition(table), table->partitions)));
+	return add_size(CACHELINEALIGN(table->header_size),
+					CACHELINEALIGN(mul_size(table->slot_size,
+											mul_size(slots_per_partition(table),
+													 table->partitions))));
 }
 
 /* Asks for the partitions' locks; called from the shmem request hook. */
@@ -66,10 +68,13 @@ table_shmem_init(SharedTable *table)
 
 	table->slots_per_partition = slots_per_partition(table);
 	count = table->slots_per_partition * table->partitions;
-	table->slots = ShmemInitStruct(table->name, Max(table_shmem_size(table), 1), &found);
+	table->header = ShmemInitStruct(table->name, Max(table_shmem_size(table), 1), &found);
+	table->slots = (char *) table->header + CACHELINEALIGN(table->header_size);
 	if (!found)
 	{
-		memset(table->slots, 0, table_shmem_size(table));
+		memset(table->header, 0, table_shmem_size(table));
+		if (table->header_init != NULL)
+			table->header_init(table->header);
 		for (int i = 0; table->slot_init != NULL && i < count; i++)
 			table->slot_init(table->slots + i * table->slot_size);
 	}
@@ -80,7 +85,7 @@ table_shmem_init(SharedTable *table)
 bool
 table_available(const SharedTable *table)
 {
-	return table->slots != NULL && table->slots_per_partition > 0;
+	return table->header != NULL && table->slots_per_partition > 0;
 }
 
 /* Locks key's partition in mode; returns it, for table_unlock. */
@@ -175,5 +180,5 @@ table_claim(const SharedTable *table, const LocalKey *key, TableEvictable evicta
 int
 table_size(const SharedTable *table)
 {
-	return table->slots == NULL ? 0 : table->slots_per_partition * table->partitions;
+	return table->header == NULL ? 0 : table->slots_per_partition * table->partitions;
 }

@@ -29,8 +29,12 @@ typedef struct SharedTable
 	int			size;
 	int			size_min;
 	int			size_max;
+	/* What the user keeps beside the slots (0: nothing), made by header_init (NULL: zeros). */
+	Size		header_size;
+	void		(*header_init) (void *header);
 	/* Set by table_shmem_init. */
 	int			slots_per_partition;	/* 0: no table (not preloaded, or sized 0) */
+	void	   *header;
 	char	   *slots;
 	LWLockPadded *locks;
 } SharedTable;
