@@ -241,6 +241,8 @@ $h->query_ok("SET ratelimit.command_timeout = '${timeout_ms}ms'");
 	my $lua_error = "-ERR user_script:41: too many results to unpack script: 6c1fa2d0, on \@user_script:41.\r\n";
 	my $fake = fake_redis_start(reply => sub { $_[0] =~ /^EVAL/ ? $lua_error : "-ERR unexpected\r\n" });
 	set_url($h, $fake->url);
+	my $counted_sql = q{SELECT coalesce(sum(decisions), 0) FROM rl_stats WHERE policy IN ('h.open', 'h.closed')};
+	my $counted_before = $h->query($counted_sql);
 	for my $policy (qw(h.open h.closed))
 	{
 		my $d = $h->consume($policy, $subject{fake});
@@ -252,6 +254,8 @@ $h->query_ok("SET ratelimit.command_timeout = '${timeout_ms}ms'");
 			"(3a'''') $policy: with the script's message");
 		is($d->{allowed}, undef, "(3a'''') $policy: no decision, so no grant");
 	}
+	is($h->query($counted_sql), $counted_before,
+		"(3a'''') nor is one counted in rl_stats: the caller saw an error");
 	my (undef, $many_err) = $h->query(q{SELECT * FROM rl_consume_many('h.open', ARRAY['a', 'b'])});
 	is(sqlstate_of($many_err), '54000', "(3a'''') rl_consume_many: an error too");
 	my (undef, $all_err) = $h->query(q{SELECT * FROM rl_consume_all(ARRAY['h.open'], ARRAY['a'])});
