@@ -36,7 +36,7 @@ endif
 # Each script, lua/<algorithm>/<operation>.lua or lua/<name>.lua, becomes a C string
 # constant in src/scripts.h, with lua/lib.lua and its algorithm's common.lua before it.
 LUA_PARTS = $(wildcard $(srcdir)/lua/*.lua $(srcdir)/lua/*/*.lua)
-LUA_SCRIPTS = $(sort $(filter-out $(srcdir)/lua/lib.lua $(srcdir)/lua/cells.lua %/common.lua,$(LUA_PARTS)))
+LUA_SCRIPTS = $(sort $(filter-out $(srcdir)/lua/lib.lua $(srcdir)/lua/cells.lua $(srcdir)/lua/once.lua %/common.lua,$(LUA_PARTS)))
 src/scripts.h: $(LUA_PARTS) $(srcdir)/dev/embed-lua $(srcdir)/dev/lua-script
 	$(srcdir)/dev/embed-lua $(LUA_SCRIPTS) > $@.tmp && mv $@.tmp $@
 

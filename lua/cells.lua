@@ -91,22 +91,30 @@ end
 
 -- rl_refund of one check of cell algorithm X: gives its cost back, never beyond what
 -- an untouched state holds. KEYS its keys, then optionally a mark that makes the refund
--- happen once; answers {1 when given back (0 when the mark showed it was done already),
--- remaining, 0, reset_after_ms}.
+-- happen once, then optionally the request id of the take it gives back (once.lua), forgotten
+-- with it, so that the request asked again is charged again; answers {1 when given back (0
+-- when the mark showed it was done already), remaining, 0, reset_after_ms}.
 local function refund_one(X)
   expect_args(1 + X.nargs)
   local now = X.clock and checked_clock(ARGV[1]) or nil
   local s = X.load(1, 2, now)
   local mark = KEYS[X.nkeys + 1]
+  local request = KEYS[X.nkeys + 2]
   local done = 0
   if mark ~= nil then
     may_write('SET', mark, '1', 'NX', 'PX', 1)
     X.may(s)
   end
+  if request ~= nil then
+    may_write(delete_command(request), request)
+  end
   if refund_once(mark, X.ttl(s)) then
     X.refund(s, s)
     X.write(s)
     done = 1
+  end
+  if request ~= nil then
+    delete_keys(request)
   end
   s.granted = true
   return answer_of(X, s, s, done)
@@ -140,4 +148,64 @@ local function slice_one(X)
   s.granted = true
   local remaining, reset = X.answer(s)
   return {taken, remaining, 0, reset}
+end
+
+-- A take that may wait (rl_consume's max_wait): granted now when the cost fits; else the
+-- earliest time it will fit is booked (the cost is taken from refill still to come, so
+-- later callers queue behind it) when that time is at most max_wait ms away and the state
+-- then owes at most max_debt tokens past empty; else denied as a take is, nothing written.
+-- A cell that books has X.room(s, most): the units it may take owing at most `most`
+-- units past empty; and X.owe(s, e): takes e's cost (within room), answering the ms until
+-- its tokens are there.
+-- KEYS and ARGV as the algorithm's take, then max_wait in ms and max_debt in tokens.
+-- Answers {allowed, remaining, retry_after_ms, reset_after_ms, wait_ms}.
+local function book_one(X)
+  expect_args(3 + X.nargs)
+  local now = X.clock and checked_clock(ARGV[1]) or nil
+  local s = X.load(1, 2, now)
+  local max_wait = tonumber(ARGV[2 + X.nargs])
+  local most = tonumber(ARGV[3 + X.nargs])
+  if not is_exact(max_wait) or not is_exact(most) then
+    error({err = 'ERR ratelimit wait or debt is not a whole number'})
+  end
+  X.may(s)
+  local allowed, wait = 0, 0
+  if X.try(s, s) then
+    allowed = 1
+  elseif s.retry <= max_wait and X.room(s, most * (s.unit or 1)) >= s.cost then
+    allowed = 1
+    wait = X.owe(s, s)
+  end
+  if allowed == 1 then
+    X.write(s)
+  else
+    s.granted = false
+  end
+  local reply = answer_of(X, s, s, allowed)
+  reply[5] = wait
+  return reply
+end
+
+-- Settles a take up (rl_settle): takes the cost even beyond what the state holds, owing at
+-- most max_debt tokens past empty; of a cost that would owe more, what stays within.
+-- KEYS and ARGV as the algorithm's take, then max_debt in tokens.
+-- Answers {tokens taken, remaining, ms until it owes nothing, reset_after_ms}.
+local function owe_one(X)
+  expect_args(2 + X.nargs)
+  local now = X.clock and checked_clock(ARGV[1]) or nil
+  local s = X.load(1, 2, now)
+  local unit = s.unit or 1
+  local most = tonumber(ARGV[2 + X.nargs])
+  if not is_exact(most) then
+    error({err = 'ERR ratelimit debt is not a whole number'})
+  end
+  X.may(s)
+  s.cost = math.min(s.cost, math.max(floor_div(math.max(X.room(s, most * unit), 0), unit), 0) * unit)
+  local wait = 0
+  if s.cost > 0 then
+    wait = X.owe(s, s)
+    X.write(s)
+  end
+  local remaining, reset = X.answer(s)
+  return {floor_div(s.cost, unit), remaining, wait, reset}
 end

@@ -406,12 +406,12 @@ SELECT expect_error($$SELECT rl_acquire('lease.basic', 'priv_s')$$);
 SELECT expect_error($$SELECT rl_acquire('lease.basic', 'priv_s', 'session')$$);
 SELECT expect_error($$SELECT rl_release('lease.basic', 'priv_s')$$);
 RESET ROLE;
-GRANT EXECUTE ON FUNCTION rl_acquire(text, text, text) TO regress_lease_app;
+GRANT EXECUTE ON FUNCTION rl_acquire(text, text, text, interval) TO regress_lease_app;
 SET ROLE regress_lease_app;
 SELECT allowed, remaining FROM rl_acquire('lease.basic', 'priv_s');
 SELECT expect_error($$SELECT rl_release('lease.basic', 'priv_s')$$);
 RESET ROLE;
-REVOKE ALL ON FUNCTION rl_acquire(text, text, text) FROM regress_lease_app;
+REVOKE ALL ON FUNCTION rl_acquire(text, text, text, interval) FROM regress_lease_app;
 DROP ROLE regress_lease_app;
 SELECT pg_temp.free('lease.basic', 'priv_s') AS free;
 

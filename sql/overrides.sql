@@ -430,7 +430,7 @@ FROM rl_policy_history WHERE id > :hist_start AND object = 'override' ORDER BY 1
 -- Rights: rl_override is like rl_policy, nothing without a grant (see roles for a grant).
 --
 CREATE ROLE regress_override_nobody;
-GRANT EXECUTE ON FUNCTION rl_consume(text, text, bigint) TO regress_override_nobody;
+GRANT EXECUTE ON FUNCTION rl_consume(text, text, bigint, interval, text) TO regress_override_nobody;
 INSERT INTO rl_override (policy, subject, action) VALUES ('ov.api', 'n1', 'deny');
 SET ROLE regress_override_nobody;
 SELECT expect_error($$SELECT * FROM rl_override$$);
@@ -445,7 +445,7 @@ SELECT expect_error($$SELECT rl_headers(ROW(true, 1, 5, 0, 0, 'ov.api', 1, 'redi
 -- Deciding needs no right on rl_override, and the override still applies.
 SELECT allowed, source FROM rl_consume('ov.api', 'n1');
 RESET ROLE;
-REVOKE ALL ON FUNCTION rl_consume(text, text, bigint) FROM regress_override_nobody;
+REVOKE ALL ON FUNCTION rl_consume(text, text, bigint, interval, text) FROM regress_override_nobody;
 DROP ROLE regress_override_nobody;
 
 -- While Redis cannot answer, an 'allow' check does not close its group.

@@ -17,7 +17,7 @@ SET ROLE regress_app;
 -- No EXECUTE until granted.
 SELECT expect_error($$SELECT rl_consume('reports.export', 'tenant_p')$$);
 RESET ROLE;
-GRANT EXECUTE ON FUNCTION rl_consume(text, text, bigint), rl_enforce(text, text, bigint) TO regress_app;
+GRANT EXECUTE ON FUNCTION rl_consume(text, text, bigint, interval, text), rl_enforce(text, text, bigint, interval, text) TO regress_app;
 SET ROLE regress_app;
 -- Deciding needs no right on the policy table.
 SELECT allowed, remaining, source FROM rl_consume('reports.export', 'tenant_p');
@@ -91,7 +91,7 @@ RESET ROLE;
 DROP SCHEMA regress_evil CASCADE;
 DELETE FROM rl_policy WHERE name IN ('admin.made', 'evil.small');
 REVOKE ALL ON rl_policy FROM regress_policy_admin;
-REVOKE ALL ON FUNCTION rl_consume(text, text, bigint), rl_enforce(text, text, bigint) FROM regress_app;
+REVOKE ALL ON FUNCTION rl_consume(text, text, bigint, interval, text), rl_enforce(text, text, bigint, interval, text) FROM regress_app;
 DROP ROLE regress_app;
 DROP ROLE regress_policy_admin;
 

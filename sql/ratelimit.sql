@@ -201,7 +201,25 @@ CREATE TABLE @extschema@.rl_policy (
     CONSTRAINT rl_policy_time_zone_algorithm_check
         CHECK (algorithm OPERATOR(pg_catalog.=) 'fixed_window' OR time_zone OPERATOR(pg_catalog.=) 'UTC'),
     CONSTRAINT rl_policy_window_bound_check
-        CHECK (@extschema@._rl_window_is_exact(algorithm, capacity, refill_amount, refill_period))
+        CHECK (@extschema@._rl_window_is_exact(algorithm, capacity, refill_amount, refill_period)),
+    -- The most tokens a subject may owe past empty: waits booked ahead of their time
+    -- (max_wait) and costs settled beyond what it held (rl_settle); NULL: its capacity.
+    max_debt      bigint,
+    -- How long a grant asked with a request_id is remembered: the same request again within
+    -- it gets the same grant and takes nothing.
+    replay_window interval NOT NULL DEFAULT '1 hour',
+    CONSTRAINT rl_policy_max_debt_check
+        CHECK (max_debt IS NULL
+               OR max_debt OPERATOR(pg_catalog.>=) 0
+                  AND algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra', 'fixed_window'])
+                  AND max_debt OPERATOR(pg_catalog.<) (9007199254740992::bigint OPERATOR(pg_catalog.-) capacity)
+                  AND (refill_amount IS NULL
+                       OR @extschema@._rl_bucket_is_exact(capacity OPERATOR(pg_catalog.+) max_debt,
+                                                          refill_amount, refill_period))),
+    CONSTRAINT rl_policy_replay_window_check
+        CHECK (@extschema@._rl_interval_is_whole_ms(replay_window)
+               AND @extschema@._rl_interval_ms(replay_window) OPERATOR(pg_catalog.>=) 1
+               AND @extschema@._rl_interval_ms(replay_window) OPERATOR(pg_catalog.<=) 604800000)
 );
 REVOKE ALL ON @extschema@.rl_policy FROM PUBLIC;
 COMMENT ON TABLE @extschema@.rl_policy IS 'rate limit policies: one row per limit';
@@ -577,6 +595,10 @@ COMMENT ON CONSTRAINT rl_policy_allowance_ttl_check ON @extschema@.rl_policy IS
     'allowance_ttl is a whole number of milliseconds from 1 ms to 1 hour.';
 COMMENT ON CONSTRAINT rl_policy_allowance_algorithm_check ON @extschema@.rl_policy IS
     'Only token_bucket, gcra and fixed_window take an allowance.';
+COMMENT ON CONSTRAINT rl_policy_max_debt_check ON @extschema@.rl_policy IS
+    'max_debt is NULL (the capacity) or a whole number of tokens from 0, only for token_bucket, gcra and fixed_window, with capacity + max_debt exact (as capacity must be).';
+COMMENT ON CONSTRAINT rl_policy_replay_window_check ON @extschema@.rl_policy IS
+    'replay_window is a whole number of milliseconds from 1 ms to 7 days.';
 COMMENT ON CONSTRAINT rl_policy_idle_ttl_check ON @extschema@.rl_policy IS
     'idle_ttl is NULL or a whole number of milliseconds, at least the time the bucket takes to refill completely (capacity / refill_amount * refill_period).';
 COMMENT ON CONSTRAINT rl_policy_idle_ttl_bound_check ON @extschema@.rl_policy IS
@@ -723,29 +745,43 @@ CREATE TYPE @extschema@.rl_decision AS (
     reset_after_ms bigint,
     policy         text,
     version        integer,
-    source         text
+    source         text,
+    waited_ms      bigint
 );
 
-CREATE FUNCTION @extschema@.rl_consume(policy text, subject text, cost bigint DEFAULT 1)
+-- A take may wait (max_wait: its turn is booked in Redis, slept through here, given back if
+-- cancelled) and may be made once per request (request_id: the same id again, within the
+-- policy's replay_window, gets the first grant and takes nothing).
+CREATE FUNCTION @extschema@.rl_consume(policy text, subject text, cost bigint DEFAULT 1,
+                                      max_wait interval DEFAULT NULL, request_id text DEFAULT NULL)
 RETURNS @extschema@.rl_decision
 AS 'MODULE_PATHNAME', 'rl_consume' LANGUAGE C VOLATILE PARALLEL UNSAFE;
-REVOKE ALL ON FUNCTION @extschema@.rl_consume(text, text, bigint) FROM PUBLIC;
-COMMENT ON FUNCTION @extschema@.rl_consume(text, text, bigint) IS
-    'take cost tokens from the subject''s bucket if they are all there; returns the decision';
+REVOKE ALL ON FUNCTION @extschema@.rl_consume(text, text, bigint, interval, text) FROM PUBLIC;
+COMMENT ON FUNCTION @extschema@.rl_consume(text, text, bigint, interval, text) IS
+    'take cost tokens from the subject''s bucket if they are all there (waiting up to max_wait for them; once per request_id); returns the decision';
 
-CREATE FUNCTION @extschema@.rl_enforce(policy text, subject text, cost bigint DEFAULT 1)
+CREATE FUNCTION @extschema@.rl_enforce(policy text, subject text, cost bigint DEFAULT 1,
+                                      max_wait interval DEFAULT NULL, request_id text DEFAULT NULL)
 RETURNS @extschema@.rl_decision
 AS 'MODULE_PATHNAME', 'rl_enforce' LANGUAGE C VOLATILE PARALLEL UNSAFE;
-REVOKE ALL ON FUNCTION @extschema@.rl_enforce(text, text, bigint) FROM PUBLIC;
-COMMENT ON FUNCTION @extschema@.rl_enforce(text, text, bigint) IS
+REVOKE ALL ON FUNCTION @extschema@.rl_enforce(text, text, bigint, interval, text) FROM PUBLIC;
+COMMENT ON FUNCTION @extschema@.rl_enforce(text, text, bigint, interval, text) IS
     'like rl_consume, but a denial raises SQLSTATE RL429';
 
-CREATE FUNCTION @extschema@.rl_reserve(policy text, subject text, cost bigint DEFAULT 1)
+CREATE FUNCTION @extschema@.rl_reserve(policy text, subject text, cost bigint DEFAULT 1,
+                                      max_wait interval DEFAULT NULL, request_id text DEFAULT NULL)
 RETURNS @extschema@.rl_decision
 AS 'MODULE_PATHNAME', 'rl_reserve' LANGUAGE C VOLATILE PARALLEL UNSAFE;
-REVOKE ALL ON FUNCTION @extschema@.rl_reserve(text, text, bigint) FROM PUBLIC;
-COMMENT ON FUNCTION @extschema@.rl_reserve(text, text, bigint) IS
-    'like rl_consume, but the tokens come back if the transaction or savepoint rolls back: for writes that stay in the transaction, never for reads or exports whose effect leaves it';
+REVOKE ALL ON FUNCTION @extschema@.rl_reserve(text, text, bigint, interval, text) FROM PUBLIC;
+COMMENT ON FUNCTION @extschema@.rl_reserve(text, text, bigint, interval, text) IS
+    'like rl_consume, but the tokens come back (and request_id is forgotten) if the transaction or savepoint rolls back: for writes that stay in the transaction, never for reads or exports whose effect leaves it';
+
+CREATE FUNCTION @extschema@.rl_settle(policy text, subject text, cost bigint, actual bigint)
+RETURNS @extschema@.rl_decision
+AS 'MODULE_PATHNAME', 'rl_settle' LANGUAGE C VOLATILE PARALLEL UNSAFE;
+REVOKE ALL ON FUNCTION @extschema@.rl_settle(text, text, bigint, bigint) FROM PUBLIC;
+COMMENT ON FUNCTION @extschema@.rl_settle(text, text, bigint, bigint) IS
+    'settle a take of cost tokens to what the work really cost: less gives the difference back, more takes it even beyond what is there (owing at most max_debt); a reservation of this transaction follows';
 
 CREATE FUNCTION @extschema@.rl_peek(policy text, subject text, cost bigint DEFAULT 1)
 RETURNS @extschema@.rl_decision
@@ -768,12 +804,13 @@ REVOKE ALL ON FUNCTION @extschema@.rl_reset(text, text) FROM PUBLIC;
 COMMENT ON FUNCTION @extschema@.rl_reset(text, text) IS
     'make the subject''s bucket full again; false when Redis could not answer';
 
-CREATE FUNCTION @extschema@.rl_consume_all(policies text[], subjects text[], costs bigint[] DEFAULT NULL)
+CREATE FUNCTION @extschema@.rl_consume_all(policies text[], subjects text[], costs bigint[] DEFAULT NULL,
+                                          request_id text DEFAULT NULL)
 RETURNS SETOF @extschema@.rl_decision
 AS 'MODULE_PATHNAME', 'rl_consume_all' LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 2;
-REVOKE ALL ON FUNCTION @extschema@.rl_consume_all(text[], text[], bigint[]) FROM PUBLIC;
-COMMENT ON FUNCTION @extschema@.rl_consume_all(text[], text[], bigint[]) IS
-    'several checks in one atomic step: all granted or none charged; subjects share a hash tag';
+REVOKE ALL ON FUNCTION @extschema@.rl_consume_all(text[], text[], bigint[], text) FROM PUBLIC;
+COMMENT ON FUNCTION @extschema@.rl_consume_all(text[], text[], bigint[], text) IS
+    'several checks in one atomic step: all granted or none charged (once per request_id); subjects share a hash tag';
 
 -- Independent decisions for many subjects of one policy, in one round trip per Redis node
 -- (a row per subject, in input order: the subject, then rl_decision's fields); every
@@ -787,14 +824,16 @@ CREATE TYPE @extschema@.rl_subject_decision AS (
     reset_after_ms bigint,
     policy         text,
     version        integer,
-    source         text
+    source         text,
+    waited_ms      bigint
 );
-CREATE FUNCTION @extschema@.rl_consume_many(policy text, subjects text[], costs bigint[] DEFAULT NULL)
+CREATE FUNCTION @extschema@.rl_consume_many(policy text, subjects text[], costs bigint[] DEFAULT NULL,
+                                           request_ids text[] DEFAULT NULL)
 RETURNS SETOF @extschema@.rl_subject_decision
 AS 'MODULE_PATHNAME', 'rl_consume_many' LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 100;
-REVOKE ALL ON FUNCTION @extschema@.rl_consume_many(text, text[], bigint[]) FROM PUBLIC;
-COMMENT ON FUNCTION @extschema@.rl_consume_many(text, text[], bigint[]) IS
-    'a decision per subject of one policy, in one round trip per Redis node; NULL costs mean 1 each';
+REVOKE ALL ON FUNCTION @extschema@.rl_consume_many(text, text[], bigint[], text[]) FROM PUBLIC;
+COMMENT ON FUNCTION @extschema@.rl_consume_many(text, text[], bigint[], text[]) IS
+    'a decision per subject of one policy, in one round trip per Redis node; NULL costs mean 1 each; request_ids make each once per id';
 
 CREATE FUNCTION @extschema@.rl_limit_trigger() RETURNS trigger
 AS 'MODULE_PATHNAME', 'rl_limit_trigger' LANGUAGE C;
@@ -806,12 +845,13 @@ COMMENT ON FUNCTION @extschema@.rl_limit_trigger() IS
 -- Leases of concurrency policies.
 --
 
-CREATE FUNCTION @extschema@.rl_acquire(policy text, subject text, scope text DEFAULT 'transaction')
+CREATE FUNCTION @extschema@.rl_acquire(policy text, subject text, scope text DEFAULT 'transaction',
+                                      max_wait interval DEFAULT NULL)
 RETURNS @extschema@.rl_decision
 AS 'MODULE_PATHNAME', 'rl_acquire' LANGUAGE C VOLATILE PARALLEL UNSAFE;
-REVOKE ALL ON FUNCTION @extschema@.rl_acquire(text, text, text) FROM PUBLIC;
-COMMENT ON FUNCTION @extschema@.rl_acquire(text, text, text) IS
-    'take one lease of a concurrency policy, released when the transaction (or session) ends';
+REVOKE ALL ON FUNCTION @extschema@.rl_acquire(text, text, text, interval) FROM PUBLIC;
+COMMENT ON FUNCTION @extschema@.rl_acquire(text, text, text, interval) IS
+    'take one lease of a concurrency policy (waiting up to max_wait for one), released when the transaction (or session) ends';
 
 CREATE FUNCTION @extschema@.rl_release(policy text, subject text)
 RETURNS boolean
@@ -903,7 +943,8 @@ CREATE FUNCTION @extschema@._rl_stats_read(
     OUT latency_p99_ms double precision,
     OUT latency_max_ms double precision,
     OUT latency_histogram jsonb,
-    OUT stats_reset timestamptz)
+    OUT stats_reset timestamptz,
+    OUT source_replay bigint)
 RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'rl_stats_read' LANGUAGE C VOLATILE PARALLEL RESTRICTED;
 REVOKE ALL ON FUNCTION @extschema@._rl_stats_read() FROM PUBLIC;

@@ -12,10 +12,10 @@ GRANT EXECUTE ON FUNCTION rl_refund(text, text, bigint), rl_reset(text, text),
                           rl_peek(text, text, bigint) TO regress_ratelimit_admin;
 GRANT pg_monitor TO regress_ratelimit_admin;
 CREATE ROLE regress_ratelimit_user NOLOGIN;
-GRANT EXECUTE ON FUNCTION rl_consume(text, text, bigint), rl_enforce(text, text, bigint),
-                          rl_reserve(text, text, bigint), rl_peek(text, text, bigint),
-                          rl_acquire(text, text, text), rl_release(text, text),
-                          rl_consume_all(text[], text[], bigint[]),
+GRANT EXECUTE ON FUNCTION rl_consume(text, text, bigint, interval, text), rl_enforce(text, text, bigint, interval, text),
+                          rl_reserve(text, text, bigint, interval, text), rl_peek(text, text, bigint),
+                          rl_acquire(text, text, text, interval), rl_release(text, text),
+                          rl_consume_all(text[], text[], bigint[], text),
                           rl_headers(rl_decision, boolean),
                           rl_response_headers(rl_decision, boolean) TO regress_ratelimit_user;
 CREATE ROLE regress_ops IN ROLE regress_ratelimit_admin;
@@ -83,10 +83,10 @@ DROP ROLE regress_ops, regress_app;
 REVOKE ALL ON rl_policy, rl_override, rl_policy_history FROM regress_ratelimit_admin;
 REVOKE ALL ON FUNCTION rl_refund(text, text, bigint), rl_reset(text, text),
                        rl_peek(text, text, bigint) FROM regress_ratelimit_admin;
-REVOKE ALL ON FUNCTION rl_consume(text, text, bigint), rl_enforce(text, text, bigint),
-                       rl_reserve(text, text, bigint), rl_peek(text, text, bigint),
-                       rl_acquire(text, text, text), rl_release(text, text),
-                       rl_consume_all(text[], text[], bigint[]),
+REVOKE ALL ON FUNCTION rl_consume(text, text, bigint, interval, text), rl_enforce(text, text, bigint, interval, text),
+                       rl_reserve(text, text, bigint, interval, text), rl_peek(text, text, bigint),
+                       rl_acquire(text, text, text, interval), rl_release(text, text),
+                       rl_consume_all(text[], text[], bigint[], text),
                        rl_headers(rl_decision, boolean),
                        rl_response_headers(rl_decision, boolean) FROM regress_ratelimit_user;
 REVOKE pg_monitor FROM regress_ratelimit_admin;

@@ -43,6 +43,21 @@ function FIXED_WINDOW.refund(s, e)
   s.count = math.max(s.count - e.cost, 0)
 end
 
+-- The tokens a settle may take owing at most `most` past the capacity (cells.lua's
+-- owe_one): a window's debt lasts until the window ends. (A wait books the next window
+-- instead: fixed_window/book.lua.)
+function FIXED_WINDOW.room(s, most)
+  return s.capacity + most - s.count
+end
+
+function FIXED_WINDOW.owe(s, e)
+  s.count = s.count + e.cost
+  if s.count > s.capacity then
+    return s.left
+  end
+  return 0
+end
+
 function FIXED_WINDOW.may(s)
   may_write_count(s.key)
 end

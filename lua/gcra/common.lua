@@ -63,6 +63,21 @@ function GCRA.refund(s, e)
   s.tat = math.max(s.tat - e.cost, s.now)
 end
 
+-- The units a take may have owing at most `most` past the tolerance (see book_one in
+-- cells.lua); the TAT stays below 2^53.
+function GCRA.room(s, most)
+  return s.tolerance + math.min(most, EXACT_MAX - s.now - s.tolerance) - (s.tat - s.now)
+end
+
+function GCRA.owe(s, e)
+  s.tat = s.tat + e.cost
+  local ahead = s.tat - s.now - s.tolerance
+  if ahead <= 0 then
+    return 0
+  end
+  return ceil_div(ahead, s.rate)
+end
+
 function GCRA.may(s)
   may_write_count(s.key)
 end

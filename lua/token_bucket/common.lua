@@ -104,8 +104,38 @@ function TOKEN_BUCKET.undo(s, e)
   s.level = s.level + e.cost
 end
 
+-- A bucket written ahead of now (last > now: waits booked, a cost settled beyond empty)
+-- holds its level at that later time; its level at now is below it by the refill between,
+-- negative while it owes. Sets the bucket to `level` units at now: a negative level is
+-- written as the level it will have once it owes nothing, at that time.
+local function set_level_now(s, level)
+  local now = s.last - s.paused
+  if level >= 0 then
+    s.level, s.last, s.paused = level, now, 0
+  else
+    local ahead = ceil_div(-level, s.rate)
+    s.level, s.last, s.paused = level + ahead * s.rate, now + ahead, ahead
+  end
+end
+
+-- Gives back counting what the bucket owes, so that a booking given back is its turn given
+-- back to whoever comes next, never tokens ahead of their time.
 function TOKEN_BUCKET.refund(s, e)
-  s.level = math.min(s.capacity, s.level + e.cost)
+  if s.paused == 0 then
+    s.level = math.min(s.capacity, s.level + e.cost)
+  else
+    set_level_now(s, math.min(s.capacity, s.level - s.paused * s.rate + e.cost))
+  end
+end
+
+-- The units a take may have owing at most `most` past empty (see book_one in cells.lua).
+function TOKEN_BUCKET.room(s, most)
+  return s.level - s.paused * s.rate + most
+end
+
+function TOKEN_BUCKET.owe(s, e)
+  set_level_now(s, s.level - s.paused * s.rate - e.cost)
+  return s.paused
 end
 
 function TOKEN_BUCKET.may(s)

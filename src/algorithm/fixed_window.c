@@ -14,8 +14,15 @@
 #include "algorithm/window.h"
 #include "scripts.h"
 
-static const LuaScript take_script = LUA_SCRIPT("fixed_window/take_one",
-												script_fixed_window_take_one);
+static const LuaScript take_once_script = LUA_SCRIPT("fixed_window/take_one (once)",
+													 script_fixed_window_take_one_once);
+static const LuaScript take_script = LUA_TAKE_SCRIPT("fixed_window/take_one",
+													 script_fixed_window_take_one, &take_once_script);
+static const LuaScript book_once_script = LUA_SCRIPT("fixed_window/book (once)",
+													 script_fixed_window_book_once);
+static const LuaScript book_script = LUA_TAKE_SCRIPT("fixed_window/book", script_fixed_window_book,
+													 &book_once_script);
+static const LuaScript owe_script = LUA_SCRIPT("fixed_window/owe", script_fixed_window_owe);
 static const LuaScript peek_script_plain = LUA_SCRIPT("fixed_window/peek", script_fixed_window_peek_plain);
 static const LuaScript peek_script = LUA_PEEK_SCRIPT("fixed_window/peek", script_fixed_window_peek, &peek_script_plain);
 static const LuaScript refund_script = LUA_SCRIPT("fixed_window/refund",
@@ -42,15 +49,44 @@ fixed_window_part(const LimitParams *params, const char *key, int64 cost, int64 
 	part->args[3] = window_number(left + WINDOW_KEY_MARGIN_MS);
 }
 
-/* A call of mode's script; a refund goes to the window of at_ms (its take's). */
+/*
+ * A booking's second window, after the part of the window of at_ms: the next
+ * window's key and 4 numbers, its time left counted from now, as its key's TTL.
+ */
+static void
+fixed_window_next_part(const LimitParams *params, const char *key, int64 cost, int64 at_ms,
+					   LimitCall *call)
+{
+	LimitWindow window;
+	LimitWindow next;
+	int64		left;
+
+	window_at(params, at_ms, &window);
+	window_at(params, window.end_ms, &next);
+	left = Max(next.end_ms - Max(at_ms, clock_now_ms()), 0);
+	call->keys[call->nkeys++] = window_key(key, next.start_ms);
+	call->args[call->nargs++] = window_number(params->capacity);
+	call->args[call->nargs++] = window_number(cost);
+	call->args[call->nargs++] = window_number(left);
+	call->args[call->nargs++] = window_number(left + WINDOW_KEY_MARGIN_MS);
+}
+
+/*
+ * A call of mode's script; a refund goes to the window of at_ms (its take's);
+ * a booking names the next window too.
+ */
 static void
 fixed_window_call(const LimitParams *params, LimitMode mode, const char *key, int64 cost,
 				  int64 at_ms, const char *refund_mark, LimitCall *call)
 {
 	fixed_window_part(params, key, cost, at_ms, call);
+	if (mode == LIMIT_BOOK)
+		fixed_window_next_part(params, key, cost, at_ms, call);
 	call->script = mode == LIMIT_PEEK ? &peek_script :
 		mode == LIMIT_REFUND ? &refund_script :
-		mode == LIMIT_SLICE ? &slice_script : &take_script;
+		mode == LIMIT_SLICE ? &slice_script :
+		mode == LIMIT_BOOK ? &book_script :
+		mode == LIMIT_OWE ? &owe_script : &take_script;
 	if (refund_mark != NULL)
 		call->keys[call->nkeys++] = refund_mark;
 }

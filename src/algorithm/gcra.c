@@ -17,7 +17,12 @@
 #include "algorithm/token_bucket.h"
 #include "scripts.h"
 
-static const LuaScript take_script = LUA_SCRIPT("gcra/take_one", script_gcra_take_one);
+static const LuaScript take_once_script = LUA_SCRIPT("gcra/take_one (once)", script_gcra_take_one_once);
+static const LuaScript take_script = LUA_TAKE_SCRIPT("gcra/take_one", script_gcra_take_one,
+													 &take_once_script);
+static const LuaScript book_once_script = LUA_SCRIPT("gcra/book (once)", script_gcra_book_once);
+static const LuaScript book_script = LUA_TAKE_SCRIPT("gcra/book", script_gcra_book, &book_once_script);
+static const LuaScript owe_script = LUA_SCRIPT("gcra/owe", script_gcra_owe);
 static const LuaScript peek_script_plain = LUA_SCRIPT("gcra/peek", script_gcra_peek_plain);
 static const LuaScript peek_script = LUA_PEEK_SCRIPT("gcra/peek", script_gcra_peek, &peek_script_plain);
 static const LuaScript refund_script = LUA_SCRIPT("gcra/refund", script_gcra_refund);
@@ -56,7 +61,9 @@ gcra_call(const LimitParams *params, LimitMode mode, const char *key, int64 cost
 	token_bucket_group_part(params, key, cost, at_ms, call);
 	call->script = mode == LIMIT_PEEK ? &peek_script :
 		mode == LIMIT_REFUND ? &refund_script :
-		mode == LIMIT_SLICE ? &slice_script : &take_script;
+		mode == LIMIT_SLICE ? &slice_script :
+		mode == LIMIT_BOOK ? &book_script :
+		mode == LIMIT_OWE ? &owe_script : &take_script;
 	if (refund_mark != NULL)
 		call->keys[call->nkeys++] = refund_mark;
 }

@@ -16,7 +16,8 @@
 #include "algorithm/window.h"
 #include "scripts.h"
 
-static const LuaScript group_script = LUA_SCRIPT("group", script_group);
+static const LuaScript group_once_script = LUA_SCRIPT("group (once)", script_group_once);
+static const LuaScript group_script = LUA_TAKE_SCRIPT("group", script_group, &group_once_script);
 /* Forgets a bucket (or a lease set), whatever the algorithm. */
 static const LuaScript reset_script = LUA_SCRIPT("reset", script_reset);
 
@@ -62,6 +63,17 @@ limit_refills(Algorithm algorithm)
  */
 bool
 limit_slices(Algorithm algorithm)
+{
+	return limit_refills(algorithm) || algorithm == ALGORITHM_FIXED_WINDOW;
+}
+
+/*
+ * True for an algorithm whose take may book a wait (LIMIT_BOOK) or owe
+ * (LIMIT_OWE): refilling ones book refill still to come, a fixed window the
+ * next window. A sliding window or log has no later time that is its own.
+ */
+bool
+limit_books(Algorithm algorithm)
 {
 	return limit_refills(algorithm) || algorithm == ALGORITHM_FIXED_WINDOW;
 }

@@ -86,7 +86,9 @@ typedef enum LimitMode
 	LIMIT_TAKE,				/* take cost tokens if they are all there */
 	LIMIT_PEEK,				/* the same decision, nothing taken */
 	LIMIT_REFUND,				/* give cost tokens back, never above capacity */
-	LIMIT_SLICE				/* take cost and more, up to a most, for an allowance */
+	LIMIT_SLICE,				/* take cost and more, up to a most, for an allowance */
+	LIMIT_BOOK,					/* take cost, or book the earliest time it fits (a wait) */
+	LIMIT_OWE					/* take cost even beyond what is there (a settle) */
 } LimitMode;
 
 /* What a call answers: the script's reply. */
@@ -105,9 +107,13 @@ typedef struct LimitWindow
 	int64		end_ms;
 } LimitWindow;
 
-/* Most keys and numbers one check sends (a sliding window: two keys). */
-#define LIMIT_MAX_KEYS 3
-#define LIMIT_MAX_ARGS 8
+/*
+ * Most keys and numbers one check sends: a sliding window's two keys, a
+ * refund's mark and the request it forgets; a fixed window's booking names two
+ * windows (8 numbers), then its wait and debt.
+ */
+#define LIMIT_MAX_KEYS 4
+#define LIMIT_MAX_ARGS 10
 
 /* One check's script, keys and numbers: one call of its own, or one part of a group. */
 typedef struct LimitCall
@@ -150,6 +156,7 @@ extern Algorithm limit_algorithm(const char *name);
 extern const char *limit_algorithm_name(Algorithm algorithm);
 extern bool limit_refills(Algorithm algorithm);
 extern bool limit_slices(Algorithm algorithm);
+extern bool limit_books(Algorithm algorithm);
 extern bool limit_params_init(LimitParams *params, Algorithm algorithm, int64 capacity,
 							  int64 refill_amount, const Interval *period,
 							  int64 idle_ttl_ms, const char *time_zone);

@@ -19,7 +19,8 @@
 #include "algorithm/window.h"
 #include "scripts.h"
 
-static const LuaScript take_script = LUA_SCRIPT("sliding_window/take", script_sliding_window_take);
+static const LuaScript take_once_script = LUA_SCRIPT("sliding_window/take (once)", script_sliding_window_take_once);
+static const LuaScript take_script = LUA_TAKE_SCRIPT("sliding_window/take", script_sliding_window_take, &take_once_script);
 static const LuaScript peek_script_plain = LUA_SCRIPT("sliding_window/peek", script_sliding_window_peek_plain);
 static const LuaScript peek_script = LUA_PEEK_SCRIPT("sliding_window/peek", script_sliding_window_peek, &peek_script_plain);
 static const LuaScript refund_script = LUA_SCRIPT("sliding_window/refund",

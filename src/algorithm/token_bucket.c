@@ -15,8 +15,16 @@
 #include "algorithm/token_bucket.h"
 #include "scripts.h"
 
-static const LuaScript take_one_script = LUA_SCRIPT("token_bucket/take_one",
-													script_token_bucket_take_one);
+static const LuaScript take_once_script = LUA_SCRIPT("token_bucket/take_one (once)",
+													 script_token_bucket_take_one_once);
+static const LuaScript take_one_script = LUA_TAKE_SCRIPT("token_bucket/take_one",
+														 script_token_bucket_take_one,
+														 &take_once_script);
+static const LuaScript book_once_script = LUA_SCRIPT("token_bucket/book (once)",
+													 script_token_bucket_book_once);
+static const LuaScript book_script = LUA_TAKE_SCRIPT("token_bucket/book", script_token_bucket_book,
+													 &book_once_script);
+static const LuaScript owe_script = LUA_SCRIPT("token_bucket/owe", script_token_bucket_owe);
 static const LuaScript peek_script_plain = LUA_SCRIPT("token_bucket/peek", script_token_bucket_peek_plain);
 static const LuaScript peek_script = LUA_PEEK_SCRIPT("token_bucket/peek", script_token_bucket_peek, &peek_script_plain);
 static const LuaScript refund_script = LUA_SCRIPT("token_bucket/refund", script_token_bucket_refund);
@@ -47,7 +55,9 @@ token_bucket_call(const LimitParams *params, LimitMode mode, const char *key, in
 	token_bucket_group_part(params, key, cost, at_ms, call);
 	call->script = mode == LIMIT_PEEK ? &peek_script :
 		mode == LIMIT_REFUND ? &refund_script :
-		mode == LIMIT_SLICE ? &slice_script : &take_one_script;
+		mode == LIMIT_SLICE ? &slice_script :
+		mode == LIMIT_BOOK ? &book_script :
+		mode == LIMIT_OWE ? &owe_script : &take_one_script;
 	if (refund_mark != NULL)
 		call->keys[call->nkeys++] = refund_mark;
 }
@@ -151,6 +161,36 @@ add_saturating(int64 a, int64 b)
 	return sum;
 }
 
+/*
+ * Gives need units back to a bucket written ahead of now (last > now: its
+ * level at last), counting what it owes at now_ms, as the scripts do
+ * (lua/token_bucket/common.lua): a booking given back is a turn for whoever
+ * comes next, never tokens ahead of their time.
+ */
+static void
+bucket_give_back_owing(const LimitParams *params, int64 need, int64 now_ms, int64 *level,
+					   int64 *last, int64 *paused)
+{
+	int64		owed;
+	int64		now_level;
+	int64		ahead;
+
+	if (pg_mul_s64_overflow(*paused, params->rate, &owed))
+		owed = BUCKET_EXACT_LIMIT;
+	now_level = Min(params->capacity_units, *level - Min(owed, BUCKET_EXACT_LIMIT) + need);
+	if (now_level >= 0)
+	{
+		*level = now_level;
+		*last = now_ms;
+		*paused = 0;
+		return;
+	}
+	ahead = ceil_div(-now_level, params->rate);
+	*level = now_level + ahead * params->rate;
+	*last = now_ms + ahead;
+	*paused = ahead;
+}
+
 /* A new bucket: full, as a missing Redis key is. */
 static void
 bucket_state_full(const LimitParams *params, SubjectState *state, int64 now_ms)
@@ -192,7 +232,9 @@ bucket_apply(const LimitParams *params, SubjectState *state, int64 now_ms,
 
 	result->allowed = mode == LIMIT_REFUND || level >= need;
 	result->retry_after_ms = 0;
-	if (mode == LIMIT_REFUND)
+	if (mode == LIMIT_REFUND && paused > 0)
+		bucket_give_back_owing(params, need, now_ms, &level, &last, &paused);
+	else if (mode == LIMIT_REFUND)
 		level = Min(capacity, level + need);
 	else if (result->allowed && mode == LIMIT_TAKE)
 		level -= need;

@@ -22,6 +22,7 @@
 
 #include "base/clock.h"
 #include "engine/allowance.h"
+#include "engine/booking.h"
 #include "engine/decide.h"
 #include "engine/denial.h"
 #include "engine/observer.h"
@@ -74,52 +75,101 @@ decision_key(const DecisionRequest *request)
 
 /*
  * Fills call from an algorithm's script, keys and numbers: the clock first
- * (a test clock, or Redis's), then extra (a slice's most to take) when not
- * negative; room for the four numbers of the reply. All allocated in the
- * current memory context. (At most 10 arguments: a Redis that wants a
- * password we were not given answers NOAUTH only to at most 10, and NOAUTH
- * is what says why. A slice's take has 11, but only a subject that Redis
- * granted before is sliced.)
+ * (a test clock, or Redis's), then the nextras numbers of extras (a slice's
+ * most to take, a booking's wait and debt); room for nresults numbers of the
+ * reply. All allocated in the current memory context. (At most 10
+ * arguments: a Redis that wants a password we were not given answers NOAUTH
+ * only to at most 10, and NOAUTH is what says why. A slice's take has 11, but
+ * only a subject that Redis granted before is sliced.)
  */
 static void
-call_of(const LimitCall *part, int64 extra, RedisCall *call)
+call_of(const LimitCall *part, const int64 *extras, int nextras, int nresults, RedisCall *call)
 {
 	const char **keys = palloc(Max(part->nkeys, 1) * sizeof(char *));
-	const char **args = palloc((2 + part->nargs) * sizeof(char *));
+	const char **args = palloc((1 + part->nargs + nextras) * sizeof(char *));
 	int			nargs = 0;
 
 	memcpy(keys, part->keys, part->nkeys * sizeof(char *));
 	args[nargs++] = clock_test_ms();
 	memcpy(&args[nargs], part->args, part->nargs * sizeof(char *));
 	nargs += part->nargs;
-	if (extra >= 0)
-		args[nargs++] = psprintf(INT64_FORMAT, extra);
+	for (int i = 0; i < nextras; i++)
+		args[nargs++] = psprintf(INT64_FORMAT, extras[i]);
 	memset(call, 0, sizeof(*call));
 	call->script = part->script;
 	call->nkeys = part->nkeys;
 	call->keys = keys;
 	call->nargs = nargs;
 	call->args = args;
-	call->nresults = 4;
-	call->results = palloc(4 * sizeof(long long));
+	call->nresults = nresults;
+	call->results = palloc(nresults * sizeof(long long));
+}
+
+/* The Redis key that remembers a grant of request (lua/once.lua): beside key, in its slot. */
+static const char *
+request_key(const DecisionRequest *request, const char *key)
+{
+	return psprintf("%s:request:%s", key, request->request_id);
+}
+
+/* The script mode of a call of request in mode: a take that may wait books. */
+static LimitMode
+script_mode(const DecisionRequest *request, LimitMode mode)
+{
+	return mode == LIMIT_TAKE && request->max_wait_ms > 0 ? LIMIT_BOOK : mode;
+}
+
+/* True when a call of request in mode is made once per request id. */
+static bool
+made_once(const DecisionRequest *request, LimitMode mode)
+{
+	return mode == LIMIT_TAKE && request->request_id != NULL;
 }
 
 /*
  * Fills call with the script of request's algorithm and mode at at_ms, on
- * key (a refund with an id: its mark after it, sharing its hash tag).
+ * key: a refund with an id has its mark after it (sharing its hash tag), then
+ * the request id it forgets; a take that may wait books (its wait and the
+ * policy's debt follow its numbers); a take with a request id is made once
+ * (the id's key and memory follow). Its reply: 4 numbers, then the wait a
+ * booking answers (a take made once: 0 when it books nothing), then whether
+ * a take made once was a replay.
  */
 static void
 request_call(const DecisionRequest *request, LimitMode mode, const char *key, int64 at_ms,
 			 int64 slice_most, RedisCall *call)
 {
 	const LimitParams *params = &request->policy.bucket;
+	LimitMode	script = script_mode(request, mode);
 	const char *mark = NULL;
 	LimitCall	part = {0};
+	int64		extras[3];
+	int			nextras = 0;
+	int			nresults = 4;
 
 	if (request->refund_id != NULL)
 		mark = psprintf("%s:refund:%s", key, request->refund_id);
-	limit_ops(params)->call(params, mode, key, request->cost, at_ms, mark, &part);
-	call_of(&part, mode == LIMIT_SLICE ? slice_most : -1, call);
+	limit_ops(params)->call(params, script, key, request->cost, at_ms, mark, &part);
+	if (mode == LIMIT_REFUND && mark != NULL && request->request_id != NULL)
+		part.keys[part.nkeys++] = request_key(request, key);
+	if (script == LIMIT_SLICE)
+		extras[nextras++] = slice_most;
+	if (script == LIMIT_BOOK)
+	{
+		extras[nextras++] = request->max_wait_ms;
+		nresults++;
+	}
+	if (script == LIMIT_BOOK || script == LIMIT_OWE)
+		extras[nextras++] = policy_max_debt(&request->policy);
+	if (made_once(request, mode))
+	{
+		Assert(part.script->once != NULL);
+		part.script = part.script->once;
+		part.keys[part.nkeys++] = request_key(request, key);
+		extras[nextras++] = request->policy.replay_window_ms;
+		nresults = 6;
+	}
+	call_of(&part, extras, nextras, nresults, call);
 }
 
 /* The call of request as it is, at its own time (a reservation's refund at its end). */
@@ -136,7 +186,7 @@ give_back_call(const SliceGiveBack *back, RedisCall *call)
 	LimitCall	part = {0};
 
 	limit_give_back_call(&back->params, back->key, back->tokens, back->taken_ms, &part);
-	call_of(&part, -1, call);
+	call_of(&part, NULL, 0, 4, call);
 }
 
 /* Gives slices' tokens back to Redis now, in one round trip; what cannot be is lost, never granted twice. */
@@ -171,6 +221,30 @@ decision_from_reply(const long long *results, bool slice, Decision *decision,
 	decision->retry_after_ms = results[2];
 	decision->reset_after_ms = results[3];
 	decision->source = DECISION_SOURCE_REDIS;
+	return true;
+}
+
+/*
+ * Reads what follows a reply's four numbers into d's decision: a booking's
+ * wait, a replay's mark (a replay waits for nothing: its first asking waited);
+ * false, with a protocol failure, when they make no sense.
+ */
+static bool
+from_reply_extras(const Deciding *d, const RedisCall *call, RedisFailure *failure)
+{
+	Decision   *decision = d->decision;
+	long long	wait = call->nresults > 4 ? call->results[4] : 0;
+	long long	replay = call->nresults > 5 ? call->results[5] : 0;
+
+	if (wait < 0 || (!replay && wait > d->request->max_wait_ms) || (wait > 0 && !decision->allowed) ||
+		replay < 0 || replay > 1)
+		return redis_fail(failure, REDIS_FAILURE_PROTOCOL, "unexpected reply");
+	decision->wait_ms = replay ? 0 : wait;
+	/* A settle's first number is what it took: all of the cost, or what the debt allowed. */
+	if (d->request->mode == LIMIT_OWE)
+		decision->allowed = call->results[0] == d->request->cost;
+	if (replay)
+		decision->source = DECISION_SOURCE_REPLAY;
 	return true;
 }
 
@@ -292,6 +366,9 @@ begin(Deciding *d, bool alone, GiveBacks *backs)
 		return true;
 	d->local_key = request_local_key(request);
 	read_clock(d);
+	/* A wait is booked, a request id remembered, a debt owed in Redis: no slice, no denial remembered. */
+	if (request->max_wait_ms > 0 || request->request_id != NULL || request->mode == LIMIT_OWE)
+		return planned(d);
 	if (request->mode != LIMIT_REFUND)
 	{
 		/* The slice first: its tokens were taken from Redis before any denial remembered. */
@@ -376,7 +453,8 @@ finish(Deciding *d, RedisCall *call, const RedisFailure *failure, int64 asked_us
 
 	answered = call->answered &&
 		(d->plan.request == NULL || allowance_reply(&d->plan, call->results, &outcome)) &&
-		decision_from_reply(call->results, fetch, decision, &outcome);
+		decision_from_reply(call->results, fetch, decision, &outcome) &&
+		from_reply_extras(d, call, &outcome);
 	engine_observe_redis(&request->policy, answered, &outcome, call->round_trip_us);
 	if (d->plan.request != NULL)
 	{
@@ -394,6 +472,40 @@ finish(Deciding *d, RedisCall *call, const RedisFailure *failure, int64 asked_us
 		read_clock(d);
 		decision_by_fail_mode(request, &d->local_key, d->at_ms, call->retry_after_ms, decision);
 	}
+}
+
+/*
+ * After the stages, for the takes of ds[0 .. count) granted ahead of now (a
+ * wait booked): waits until their time, giving them back if cancelled
+ * (booking.c). A fixed window's booking is in the window after the one it was
+ * asked in, and goes back there.
+ */
+static void
+await_bookings(Deciding *ds, int count)
+{
+	Booking    *bookings = NULL;
+	int			nbookings = 0;
+
+	for (int i = 0; i < count; i++)
+	{
+		DecisionRequest back;
+
+		if (!ds[i].decision->allowed || ds[i].decision->wait_ms == 0)
+			continue;
+		if (bookings == NULL)
+			bookings = palloc(count * sizeof(Booking));
+		back = *ds[i].request;
+		back.mode = LIMIT_REFUND;
+		back.max_wait_ms = 0;
+		back.refund_id = clock_unique_id();
+		bookings[nbookings].decision = ds[i].decision;
+		request_call(&back, LIMIT_REFUND, ds[i].key,
+					 ds[i].at_ms + (limit_refills(back.policy.algorithm) ? 0 : ds[i].decision->wait_ms),
+					 0, &bookings[nbookings].give_back);
+		nbookings++;
+	}
+	if (nbookings > 0)
+		booking_await(bookings, nbookings);
 }
 
 /* Runs the three stages for ds[0 .. count); alone: see begin. */
@@ -417,6 +529,7 @@ decide(Deciding *ds, int count, bool alone)
 		finish(asking[n], &calls[backs.count + n], &failure, asked_us, &lates);
 	/* Slices fetched while another was (rare): given back once every slice is in. */
 	give_back(&lates);
+	await_bookings(ds, count);
 	for (int i = 0; i < count; i++)
 	{
 		const DecisionRequest *request = ds[i].request;

@@ -152,6 +152,8 @@ decision_source_name(DecisionSource source)
 			return "deny_cache";
 		case DECISION_SOURCE_ALLOWANCE:
 			return "allowance";
+		case DECISION_SOURCE_REPLAY:
+			return "replay";
 		case DECISION_SOURCE_FAIL_CLOSED:
 			return "fail_closed";
 		case DECISION_SOURCE_UNDECIDED:

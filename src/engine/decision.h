@@ -21,10 +21,11 @@ typedef enum DecisionSource
 	DECISION_SOURCE_DISABLED,	/* a disabled policy: allowed, nothing counted */
 	DECISION_SOURCE_OVERRIDE,	/* the subject's 'allow' or 'deny' override */
 	DECISION_SOURCE_DENY_CACHE, /* a denial from Redis remembered until its retry-after */
-	DECISION_SOURCE_ALLOWANCE	/* granted from this server's slice of the subject's tokens */
+	DECISION_SOURCE_ALLOWANCE,	/* granted from this server's slice of the subject's tokens */
+	DECISION_SOURCE_REPLAY		/* a request id's first grant, answered again: nothing taken */
 } DecisionSource;
 
-#define DECISION_SOURCES (DECISION_SOURCE_ALLOWANCE + 1)
+#define DECISION_SOURCES (DECISION_SOURCE_REPLAY + 1)
 
 typedef struct Decision
 {
@@ -37,6 +38,8 @@ typedef struct Decision
 	int32		version;
 	DecisionSource source;
 	DecisionSource origin;		/* for source 'shadow': who would have denied */
+	int64		wait_ms;		/* a grant booked this far ahead: waited for before it is given */
+	int64		waited_ms;		/* how long the call waited (the waited_ms column) */
 	/* Not "" when the script failed on the request's values (decision_raise_script_error). */
 	char		script_error[128];
 } Decision;

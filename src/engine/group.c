@@ -37,14 +37,20 @@ typedef struct Group
 /*
  * Runs every check that needs a bucket in one call of the group script (KEYS:
  * each check's keys; ARGV: the clock, then each check's algorithm tag and
- * numbers); true with their decisions filled when Redis answered.
+ * numbers); true with their decisions filled when Redis answered. A group
+ * with a request id (its first check carries it) is made once per id
+ * (lua/once.lua), remembered beside its first asked check's key (the checks
+ * share a slot) for that check's policy's replay_window.
  */
 static bool
 group_redis(Group *group, RedisFailure *failure)
 {
 	bool		answered;
-	const char **keys = palloc(LIMIT_MAX_KEYS * group->asked * sizeof(char *));
-	const char **args = palloc((1 + (1 + LIMIT_MAX_ARGS) * group->asked) * sizeof(char *));
+	const char **keys = palloc((1 + LIMIT_MAX_KEYS * group->asked) * sizeof(char *));
+	const char **args = palloc((2 + (1 + LIMIT_MAX_ARGS) * group->asked) * sizeof(char *));
+	const char *request_id = group->requests[0].request_id;
+	const char *once_key = NULL;
+	int64		once_ms = 0;
 	RedisCall	call = {0};
 	int			n = 0;
 
@@ -60,6 +66,11 @@ group_redis(Group *group, RedisFailure *failure)
 			continue;
 		ops->group_part(params, decision_key(request), request->cost, request_at_ms(request),
 						&part);
+		if (request_id != NULL && once_key == NULL)
+		{
+			once_key = psprintf("%s:request:%s", decision_key(request), request_id);
+			once_ms = request->policy.replay_window_ms;
+		}
 		memcpy(&keys[call.nkeys], part.keys, part.nkeys * sizeof(char *));
 		call.nkeys += part.nkeys;
 		args[call.nargs++] = psprintf("%d", ops->tag);
@@ -68,10 +79,17 @@ group_redis(Group *group, RedisFailure *failure)
 		n++;
 	}
 	call.script = limit_group_script();
+	call.nresults = 4 * n;
+	if (once_key != NULL)
+	{
+		call.script = call.script->once;
+		keys[call.nkeys++] = once_key;
+		args[call.nargs++] = psprintf(INT64_FORMAT, once_ms);
+		call.nresults++;
+	}
 	call.keys = keys;
 	call.args = args;
-	call.nresults = 4 * n;
-	call.results = palloc(4 * n * sizeof(long long));
+	call.results = palloc(call.nresults * sizeof(long long));
 	answered = redis_run_scripts(&call, 1, 0, failure);
 	group->round_trip_us = call.round_trip_us;
 	group->retry_after_ms = call.retry_after_ms;
@@ -80,11 +98,18 @@ group_redis(Group *group, RedisFailure *failure)
 	*failure = call.failure;
 	if (!call.answered)
 		return false;
+	if (once_key != NULL && call.results[4 * n] != 0 && call.results[4 * n] != 1)
+		return redis_fail(failure, REDIS_FAILURE_PROTOCOL, "unexpected reply");
 	n = 0;
 	for (int i = 0; i < group->count; i++)
-		if (!group->fixed[i] &&
-			!decision_from_reply(&call.results[4 * n++], false, &group->decisions[i], failure))
+	{
+		if (group->fixed[i])
+			continue;
+		if (!decision_from_reply(&call.results[4 * n++], false, &group->decisions[i], failure))
 			return false;
+		if (once_key != NULL && call.results[call.nresults - 1] == 1)
+			group->decisions[i].source = DECISION_SOURCE_REPLAY;
+	}
 	return true;
 }
 

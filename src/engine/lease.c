@@ -21,7 +21,10 @@
  */
 #include "prelude.h"
 
+#include "miscadmin.h"
+#include "storage/latch.h"
 #include "utils/memutils.h"
+#include "utils/wait_event.h"
 
 #include "algorithm/concurrency.h"
 #include "base/clock.h"
@@ -31,6 +34,9 @@
 #include "engine/observer.h"
 #include "policy/subject.h"
 #include "redis/breaker.h"
+
+/* The longest pause between two tries of a lease wait. */
+#define LEASE_WAIT_MAX_PAUSE_MS 100
 
 typedef struct Lease
 {
@@ -209,26 +215,16 @@ lease_check_policy(const Policy *policy)
 }
 
 /*
- * Takes one lease for a checked request of a concurrency policy (see
- * lease_check_policy), released when the transaction (or, with session, the
- * session) ends.
+ * One try at a lease (see lease_acquire): true when Redis answered that none
+ * is free.
  */
-void
-lease_acquire(const DecisionRequest *request, bool session, Decision *decision)
+static bool
+lease_try(const DecisionRequest *request, bool session, Decision *decision)
 {
 	Lease	   *lease;
 	char	   *id;
 	MemoryContext old_context;
 	bool		unsure;
-
-	/* A disabled policy or an 'allow' or 'deny' subject takes no lease. */
-	decision_init(&request->policy, decision);
-	if (decision_fixed(&request->policy, decision))
-	{
-		decision_shadow(&request->policy, decision);
-		engine_observe_decision(request, decision, 1);
-		return;
-	}
 
 	/*
 	 * The lease is listed before Redis is asked: a call cut short (timeout,
@@ -251,9 +247,52 @@ lease_acquire(const DecisionRequest *request, bool session, Decision *decision)
 		lease_fail_mode(request, decision);
 		if (!unsure)
 			ledger_forget(&lease->entry);	/* Redis was not asked, or refused the connection */
+		return false;
 	}
-	else if (!decision->allowed)
-		ledger_forget(&lease->entry);	/* Redis said no: nothing was taken */
+	if (decision->allowed)
+		return false;
+	ledger_forget(&lease->entry);	/* Redis said no: nothing was taken */
+	return true;
+}
+
+/*
+ * Takes one lease for a checked request of a concurrency policy (see
+ * lease_check_policy), released when the transaction (or, with session, the
+ * session) ends. With max_wait_ms, while Redis answers that none is free,
+ * tries again until one is or max_wait_ms has passed: a release is announced
+ * nowhere, so the waiter looks again after 10 ms, then twice as long each
+ * time up to LEASE_WAIT_MAX_PAUSE_MS (a cancel ends the wait at once;
+ * nothing is held meanwhile).
+ */
+void
+lease_acquire(const DecisionRequest *request, bool session, int64 max_wait_ms,
+			  Decision *decision)
+{
+	int64		start_us = clock_monotonic_us();
+	int64		pause_ms = 10;
+
+	/* A disabled policy or an 'allow' or 'deny' subject takes no lease. */
+	decision_init(&request->policy, decision);
+	if (decision_fixed(&request->policy, decision))
+	{
+		decision_shadow(&request->policy, decision);
+		engine_observe_decision(request, decision, 1);
+		return;
+	}
+	while (lease_try(request, session, decision))
+	{
+		int64		left_ms = max_wait_ms - (clock_monotonic_us() - start_us) / 1000;
+
+		if (left_ms <= 0)
+			break;
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 Min(pause_ms, left_ms), PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+		CHECK_FOR_INTERRUPTS();
+		pause_ms = Min(pause_ms * 2, LEASE_WAIT_MAX_PAUSE_MS);
+	}
+	if (max_wait_ms > 0)
+		decision->waited_ms = (clock_monotonic_us() - start_us) / 1000;
 	decision_shadow(&request->policy, decision);
 	engine_observe_decision(request, decision, 1);
 }

@@ -9,7 +9,8 @@
 #include "engine/decision.h"
 
 extern void lease_check_policy(const Policy *policy);
-extern void lease_acquire(const DecisionRequest *request, bool session, Decision *decision);
+extern void lease_acquire(const DecisionRequest *request, bool session, int64 max_wait_ms,
+						  Decision *decision);
 extern bool lease_release(const DecisionRequest *request);
 extern void lease_peek(const DecisionRequest *request, Decision *decision);
 

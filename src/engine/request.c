@@ -16,6 +16,7 @@
 #include "policy/cache.h"
 #include "policy/subject.h"
 #include "engine/request.h"
+#include "utils/timestamp.h"
 
 /*
  * Checks a policy name and a subject into request (the rest of it zeroed) and
@@ -98,4 +99,64 @@ int64
 request_at_ms(const DecisionRequest *request)
 {
 	return request->at_ms != 0 ? request->at_ms : clock_now_ms();
+}
+
+/*
+ * Lets a checked take wait up to max_wait for its cost (rl_consume's
+ * max_wait, rl_acquire's): a booking, so only for algorithms that have a later time of
+ * their own; at most REQUEST_MAX_WAIT_MS; 0 is no wait.
+ */
+void
+request_wait(DecisionRequest *request, const Interval *max_wait)
+{
+	const Policy *policy = &request->policy;
+	int64		ms;
+
+	if (max_wait->month == 0 && max_wait->day == 0 && max_wait->time == 0)
+		return;
+	if (max_wait->month != 0 || max_wait->day < 0 || max_wait->time < 0)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("max_wait must be a positive interval of at most a day"),
+				 errhint("Pass a wait such as '3 seconds', or NULL not to wait.")));
+	ms = (int64) max_wait->day * 24 * 60 * 60 * 1000 + (max_wait->time + 999) / 1000;
+	if (ms > REQUEST_MAX_WAIT_MS)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("max_wait must be a positive interval of at most a day"),
+				 errdetail("It was " INT64_FORMAT " ms.", ms),
+				 errhint("Pass a shorter wait, or NULL not to wait.")));
+	if (!limit_books(policy->algorithm) && policy->algorithm != ALGORITHM_CONCURRENCY)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("rate limit policy \"%s\" cannot book a wait", policy->name),
+				 errdetail("A %s has no later time of its own to book.",
+						   limit_algorithm_name(policy->algorithm)),
+				 errhint("Wait with token_bucket, gcra or fixed_window policies (concurrency: rl_acquire's max_wait), or retry after retry_after_ms.")));
+	request->max_wait_ms = ms;
+}
+
+/*
+ * Makes a checked take once per id (rl_consume's request_id): a retry with the
+ * same id gets the first grant again and takes nothing. Redis is told the id's
+ * keyed hash, never the id.
+ */
+void
+request_once(DecisionRequest *request, const char *id, int length)
+{
+	StringInfoData hash;
+
+	if (length == 0 || length > REQUEST_ID_MAX_BYTES)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("request_id must have 1 to %d bytes", REQUEST_ID_MAX_BYTES),
+				 errdetail("This one has %d.", length),
+				 errhint("Pass the request's own id (an Idempotency-Key, a job id), or NULL for none.")));
+	initStringInfo(&hash);
+	subject_hash(&hash, id, length);
+	request->request_id = hash.data;
 }

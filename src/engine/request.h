@@ -20,12 +20,22 @@ typedef struct DecisionRequest
 	const char *redis_key;		/* the Redis key, when fixed in advance; else built */
 	int64		at_ms;			/* the time a window algorithm's window is chosen by; 0: now */
 	int64		slice_most;		/* LIMIT_SLICE: the most tokens to take */
+	int64		max_wait_ms;	/* a take: the longest wait it may book (0: none) */
+	/* A take: made once per this id (its keyed hash); a refund: the take's id, forgotten. */
+	const char *request_id;
 } DecisionRequest;
+
+/* The longest max_wait a call may give: a day. */
+#define REQUEST_MAX_WAIT_MS (INT64CONST(24) * 60 * 60 * 1000)
+/* The longest request id, in bytes. */
+#define REQUEST_ID_MAX_BYTES 256
 
 extern const Policy *request_check(Oid function_oid, const char *name, const char *subject,
 								   int length, DecisionRequest *request);
 extern void request_cost(DecisionRequest *request, LimitMode mode, int64 cost);
 extern int64 request_at_ms(const DecisionRequest *request);
+extern void request_wait(DecisionRequest *request, const Interval *max_wait);
+extern void request_once(DecisionRequest *request, const char *id, int length);
 
 /*
  * The time request counts at, now being now_ms: a window algorithm's, the

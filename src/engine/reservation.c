@@ -77,6 +77,8 @@ reservation_free(LedgerEntry *entry)
 	pfree((char *) reservation->request.subject);
 	pfree((char *) reservation->request.redis_key);
 	pfree((char *) reservation->request.refund_id);
+	if (reservation->request.request_id != NULL)
+		pfree((char *) reservation->request.request_id);
 }
 
 static const LedgerOps reservation_ops = {
@@ -108,6 +110,7 @@ reservation_remember(const DecisionRequest *request, DecisionSource source)
 
 	/* Rows of one statement charge one bucket again and again: one refund for them all. */
 	if (last != NULL && last->entry.ops == &reservation_ops && last->source == source &&
+		request->request_id == NULL && last->request.request_id == NULL &&
 		last->entry.subxact == GetCurrentSubTransactionId() &&
 		strcmp(last->entry.redis_url, redis_url_current()) == 0 &&
 		strcmp(last->request.redis_key, request->redis_key) == 0 &&
@@ -127,6 +130,10 @@ reservation_remember(const DecisionRequest *request, DecisionSource source)
 	reservation->request.mode = LIMIT_REFUND;
 	reservation->request.redis_key = pstrdup(request->redis_key);
 	reservation->request.refund_id = clock_unique_id();
+	reservation->request.max_wait_ms = 0;
+	/* Given back, its request id is forgotten too: the transaction retried is charged again. */
+	if (request->request_id != NULL)
+		reservation->request.request_id = pstrdup(request->request_id);
 	reservation->source = source;
 	MemoryContextSwitchTo(old_context);
 }
@@ -174,4 +181,74 @@ void
 reservation_take(const DecisionRequest *request, Decision *decision)
 {
 	reservation_take_many(request, decision, 1);
+}
+
+/* A reservation of this transaction on a bucket, for ledger_find_last. */
+static bool
+reservation_of_key(const LedgerEntry *entry, void *key)
+{
+	return entry->ops == &reservation_ops &&
+		strcmp(((const Reservation *) entry)->request.redis_key, (const char *) key) == 0;
+}
+
+/*
+ * Settles a take of cost tokens (rl_reserve's or rl_consume's) to what it
+ * really cost, actual (rl_settle): less gives the difference back; more takes
+ * it even beyond what the bucket holds, leaving the subject owing at most the
+ * policy's max_debt (what would owe more is not taken: the decision is then a
+ * denial). The latest reservation of this transaction on the bucket follows,
+ * so a rollback gives back what was really taken.
+ */
+void
+reservation_settle(const DecisionRequest *request, int64 cost, int64 actual,
+				   Decision *decision)
+{
+	DecisionRequest settle = *request;
+	Reservation *reservation;
+	int64		most = request->policy.bucket.capacity + policy_max_debt(&request->policy);
+	StringInfoData key;
+
+	initStringInfo(&key);
+	subject_build_key(&key, &settle.policy, settle.subject, settle.length);
+	settle.redis_key = key.data;
+	settle.at_ms = clock_now_ms();
+	reservation = (Reservation *) ledger_find_last(reservation_of_key, key.data);
+	if (reservation != NULL && !limit_refills(settle.policy.algorithm))
+		settle.at_ms = reservation->request.at_ms;	/* a window's take is settled in its window */
+	if (actual == cost)
+	{
+		settle.mode = LIMIT_PEEK;
+		settle.cost = Min(Max(cost, 1), settle.policy.bucket.capacity);
+	}
+	else if (actual < cost)
+	{
+		settle.mode = LIMIT_REFUND;
+		settle.cost = cost - actual;
+	}
+	else
+	{
+		if (!limit_books(settle.policy.algorithm))
+			ereport(ERROR,
+					(errhidestmt(true),
+					 errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("rate limit policy \"%s\" cannot be settled up", settle.policy.name),
+					 errdetail("A %s cannot owe: it has no later time of its own.",
+							   limit_algorithm_name(settle.policy.algorithm)),
+					 errhint("Settle up token_bucket, gcra or fixed_window policies; with a sliding window or log, reserve the most the work may cost and settle down.")));
+		settle.mode = LIMIT_OWE;
+		settle.cost = Min(actual - cost, most);
+	}
+	decision_run(&settle, decision);
+	if (settle.mode == LIMIT_PEEK)
+		decision->allowed = true;
+	else if (settle.mode == LIMIT_REFUND && decision->source == DECISION_SOURCE_REDIS)
+		decision->allowed = true;
+	if (reservation != NULL && decision->source == DECISION_SOURCE_REDIS)
+	{
+		if (settle.mode == LIMIT_REFUND)
+			reservation->request.cost = Max(reservation->request.cost - settle.cost, 0);
+		else if (settle.mode == LIMIT_OWE && decision->allowed)
+			reservation->request.cost = Min(reservation->request.cost + settle.cost, most);
+	}
+	pfree(key.data);
 }

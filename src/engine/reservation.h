@@ -8,6 +8,8 @@
 #include "engine/decision.h"
 
 extern void reservation_take(const DecisionRequest *request, Decision *decision);
+extern void reservation_settle(const DecisionRequest *request, int64 cost, int64 actual,
+							   Decision *decision);
 extern void reservation_take_many(const DecisionRequest *requests, Decision *decisions,
 								  int count);
 

@@ -9,10 +9,12 @@
 #include "prelude.h"
 
 #include "access/htup_details.h"
+#include "catalog/pg_type.h"
 #include "funcapi.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
+#include "utils/timestamp.h"
 
 #include "functions/args.h"
 
@@ -31,6 +33,26 @@ args_request(FunctionCallInfo fcinfo, LimitMode mode, DecisionRequest *request)
 				 errhint("Pass a whole number of tokens, or omit it for 1.")));
 	args_policy_subject(fcinfo, request);
 	request_cost(request, mode, PG_NARGS() > 2 ? PG_GETARG_INT64(2) : 1);
+	if (mode == LIMIT_TAKE)
+		args_take_options(fcinfo, 3, request);
+}
+
+/*
+ * Reads a take's options from argument first on, where the function has them
+ * (since 0.10): max_wait interval (NULL: no wait), then request_id text (NULL:
+ * none).
+ */
+void
+args_take_options(FunctionCallInfo fcinfo, int first, DecisionRequest *request)
+{
+	if (PG_NARGS() > first && !PG_ARGISNULL(first))
+		request_wait(request, PG_GETARG_INTERVAL_P(first));
+	if (PG_NARGS() > first + 1 && !PG_ARGISNULL(first + 1))
+	{
+		text	   *id = PG_GETARG_TEXT_PP(first + 1);
+
+		request_once(request, VARDATA_ANY(id), VARSIZE_ANY_EXHDR(id));
+	}
 }
 
 /* Checks the (policy, subject) arguments of fcinfo into request; see request_check. */
@@ -122,10 +144,31 @@ args_row_set(ArgsRow *row, const char *column, Oid type, Datum value)
 	}
 }
 
-/* The eight rl_decision columns of decision (none of them NULL). */
+/*
+ * The rl_decision columns of decision (none of them NULL) into values and
+ * nulls from column first of desc on: eight, then waited_ms where desc has it
+ * (0.10 on; an older version's row type has not).
+ */
 void
-args_decision_values(const Decision *decision, Datum *values)
+args_decision_values(const Decision *decision, TupleDesc desc, int first, Datum *values,
+					 bool *nulls)
 {
+	if (desc->natts < first + ARGS_DECISION_COLUMNS || desc->natts > first + ARGS_DECISION_COLUMNS + 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("rl_decision has %d columns, the ratelimit library returns %d",
+						desc->natts - first, ARGS_DECISION_COLUMNS + 1),
+				 errhint("Run ALTER EXTENSION ratelimit UPDATE.")));
+	memset(&nulls[first], false, (desc->natts - first) * sizeof(bool));
+	if (desc->natts > first + ARGS_DECISION_COLUMNS)
+	{
+		Form_pg_attribute waited = TupleDescAttr(desc, first + ARGS_DECISION_COLUMNS);
+
+		values[first + ARGS_DECISION_COLUMNS] = Int64GetDatum(decision->waited_ms);
+		if (strcmp(NameStr(waited->attname), "waited_ms") != 0 || waited->atttypid != INT8OID)
+			nulls[first + ARGS_DECISION_COLUMNS] = true;
+	}
+	values += first;
 	values[0] = BoolGetDatum(decision->allowed);
 	values[1] = Int64GetDatum(decision->remaining);
 	values[2] = Int64GetDatum(decision->capacity);
@@ -141,8 +184,8 @@ Datum
 args_decision_datum(FunctionCallInfo fcinfo, const Decision *decision)
 {
 	TupleDesc	desc = (TupleDesc) fcinfo->flinfo->fn_extra;
-	Datum		values[8];
-	bool		nulls[8] = {0};
+	Datum		values[ARGS_DECISION_COLUMNS + 1];
+	bool		nulls[ARGS_DECISION_COLUMNS + 1];
 
 	/* The row type is looked up once per call site, not once per decision. */
 	if (desc == NULL)
@@ -158,6 +201,6 @@ args_decision_datum(FunctionCallInfo fcinfo, const Decision *decision)
 		MemoryContextSwitchTo(old_context);
 		fcinfo->flinfo->fn_extra = desc;
 	}
-	args_decision_values(decision, values);
+	args_decision_values(decision, desc, 0, values, nulls);
 	return HeapTupleGetDatum(heap_form_tuple(desc, values, nulls));
 }

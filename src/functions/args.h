@@ -28,7 +28,12 @@ typedef struct ArgsRow
 
 extern void args_row_start(ArgsRow *row, TupleDesc desc);
 extern void args_row_set(ArgsRow *row, const char *column, Oid type, Datum value);
-extern void args_decision_values(const Decision *decision, Datum *values);
+/* rl_decision's columns before 0.10 (which adds waited_ms). */
+#define ARGS_DECISION_COLUMNS 8
+
+extern void args_take_options(FunctionCallInfo fcinfo, int first, DecisionRequest *request);
+extern void args_decision_values(const Decision *decision, TupleDesc desc, int first,
+								 Datum *values, bool *nulls);
 extern Datum args_decision_datum(FunctionCallInfo fcinfo, const Decision *decision);
 
 #endif							/* RL_ARGS_H */

@@ -97,3 +97,39 @@ RL_SQL_FUNCTION(rl_reset)
 	audit("reset", request.policy.name);
 	PG_RETURN_BOOL(done);
 }
+
+/*
+ * rl_settle(policy, subject, cost, actual): settles a take of cost tokens
+ * (rl_reserve's or rl_consume's) to what it really cost (reservation.c).
+ */
+RL_SQL_FUNCTION(rl_settle)
+{
+	DecisionRequest request;
+	Decision	decision;
+	int64		actual;
+
+	if (PG_ARGISNULL(3) && !PG_ARGISNULL(0) && !PG_ARGISNULL(1) && !PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("actual must not be null"),
+				 errhint("Pass what the work really cost, in tokens (0 when it cost nothing).")));
+	if (PG_ARGISNULL(2) && !PG_ARGISNULL(0) && !PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("cost must not be null"),
+				 errhint("Pass the cost the take asked for.")));
+	args_policy_subject(fcinfo, &request);
+	request_cost(&request, LIMIT_TAKE, PG_GETARG_INT64(2));
+	actual = PG_GETARG_INT64(3);
+	if (actual < 0)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("actual must not be negative"),
+				 errdetail("It was " INT64_FORMAT ".", actual),
+				 errhint("Pass what the work really cost, in tokens (0 when it cost nothing).")));
+	reservation_settle(&request, request.cost, actual, &decision);
+	return args_decision_datum(fcinfo, &decision);
+}

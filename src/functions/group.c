@@ -53,16 +53,23 @@ RL_SQL_FUNCTION(rl_consume_all)
 		request_cost(&requests[i], LIMIT_TAKE, costs ? DatumGetInt64(costs[i]) : 1);
 		group_check(requests, i);
 	}
+	/* Since 0.10: request_id, carried by the first check (engine/group.c). */
+	if (PG_NARGS() > 3 && !PG_ARGISNULL(3))
+	{
+		text	   *id = PG_GETARG_TEXT_PP(3);
+
+		request_once(&requests[0], VARDATA_ANY(id), VARSIZE_ANY_EXHDR(id));
+	}
 
 	/* Checked before anything is charged: a context that takes no set fails here. */
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 	group_run(requests, decisions, count);
 	for (int i = 0; i < count; i++)
 	{
-		Datum		values[8];
-		bool		nulls[8] = {0};
+		Datum		values[ARGS_DECISION_COLUMNS + 1];
+		bool		nulls[ARGS_DECISION_COLUMNS + 1];
 
-		args_decision_values(&decisions[i], values);
+		args_decision_values(&decisions[i], rsinfo->setDesc, 0, values, nulls);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	return (Datum) 0;

@@ -135,7 +135,7 @@ headers_build(Oid function_oid, const Decision *decision, bool legacy, HeaderSet
 	add_policy_field(set, decision, known ? &limits : NULL, legacy);
 	if (decision->source == DECISION_SOURCE_REDIS || decision->source == DECISION_SOURCE_LOCAL ||
 		decision->source == DECISION_SOURCE_DENY_CACHE ||
-		decision->source == DECISION_SOURCE_ALLOWANCE)
+		decision->source == DECISION_SOURCE_ALLOWANCE || decision->source == DECISION_SOURCE_REPLAY)
 		add_service_limit(set, decision, decision->remaining,
 						  decision_seconds_up(decision->reset_after_ms), legacy);
 	else if (decision->source == DECISION_SOURCE_OVERRIDE && !decision->allowed)
@@ -211,7 +211,7 @@ source_from_name(const char *name)
 			(errhidestmt(true),
 			 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 			 errmsg("decision.source \"%s\" is not a source of decisions", name),
-			 errhint("A decision's source is redis, local, fail_open, fail_closed, shadow, disabled, override, deny_cache or allowance.")));
+			 errhint("A decision's source is redis, local, fail_open, fail_closed, shadow, disabled, override, deny_cache, allowance or replay.")));
 	pg_unreachable();
 }
 

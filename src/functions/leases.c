@@ -7,6 +7,8 @@
 
 #include "utils/builtins.h"
 
+#include "utils/timestamp.h"
+
 #include "base/log_privacy.h"
 #include "engine/lease.h"
 #include "functions/args.h"
@@ -42,7 +44,10 @@ RL_SQL_FUNCTION(rl_acquire)
 				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("scope must be 'transaction' or 'session'"),
 				 errhint("A 'transaction' lease is released when the transaction ends, a 'session' one by rl_release or at disconnect.")));
-	lease_acquire(&request, strcmp(scope, "session") == 0, &decision);
+	/* Since 0.10: max_wait (NULL: no wait). */
+	if (PG_NARGS() > 3 && !PG_ARGISNULL(3))
+		request_wait(&request, PG_GETARG_INTERVAL_P(3));
+	lease_acquire(&request, strcmp(scope, "session") == 0, request.max_wait_ms, &decision);
 	return args_decision_datum(fcinfo, &decision);
 }
 

@@ -23,6 +23,7 @@ RL_SQL_FUNCTION(rl_consume_many)
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	Datum	   *subjects;
 	Datum	   *costs = NULL;
+	Datum	   *ids = NULL;
 	DecisionRequest *requests;
 	Decision   *decisions;
 	char	   *policy;
@@ -42,6 +43,14 @@ RL_SQL_FUNCTION(rl_consume_many)
 				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("subjects and costs must have the same number of elements"),
 				 errhint("Give one cost per subject, in the same order, or omit costs for 1 each.")));
+	/* Since 0.10: request_ids, one per subject (see args_take_options). */
+	if (PG_NARGS() > 3 && !PG_ARGISNULL(3) &&
+		args_array(fcinfo, 3, TEXTOID, "request_ids", &ids) != count)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("subjects and request_ids must have the same number of elements"),
+				 errhint("Give one request id per subject, in the same order, or omit request_ids.")));
 	if (count > BATCH_MAX_DECISIONS)
 		ereport(ERROR,
 				(errhidestmt(true),
@@ -59,6 +68,12 @@ RL_SQL_FUNCTION(rl_consume_many)
 		request_check(fcinfo->flinfo->fn_oid, policy, VARDATA_ANY(subject),
 					  VARSIZE_ANY_EXHDR(subject), &requests[i]);
 		request_cost(&requests[i], LIMIT_TAKE, costs ? DatumGetInt64(costs[i]) : 1);
+		if (ids != NULL)
+		{
+			text	   *id = DatumGetTextPP(ids[i]);
+
+			request_once(&requests[i], VARDATA_ANY(id), VARSIZE_ANY_EXHDR(id));
+		}
 	}
 
 	/* Checked before anything is charged: a context that takes no set fails here. */
@@ -68,11 +83,12 @@ RL_SQL_FUNCTION(rl_consume_many)
 		decision_raise_script_error(&decisions[i]);
 	for (int i = 0; i < count; i++)
 	{
-		Datum		values[9];
-		bool		nulls[9] = {0};
+		Datum		values[ARGS_DECISION_COLUMNS + 2];
+		bool		nulls[ARGS_DECISION_COLUMNS + 2];
 
 		values[0] = subjects[i];
-		args_decision_values(&decisions[i], &values[1]);
+		nulls[0] = false;
+		args_decision_values(&decisions[i], rsinfo->setDesc, 1, values, nulls);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	return (Datum) 0;

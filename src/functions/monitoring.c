@@ -191,6 +191,7 @@ stats_put_row(ReturnSetInfo *rsinfo, const StatsRow *stats)
 	set_count(&row, "source_disabled", stats->by_source[DECISION_SOURCE_DISABLED]);
 	set_count(&row, "source_deny_cache", stats->by_source[DECISION_SOURCE_DENY_CACHE]);
 	set_count(&row, "source_allowance", stats->by_source[DECISION_SOURCE_ALLOWANCE]);
+	set_count(&row, "source_replay", stats->by_source[DECISION_SOURCE_REPLAY]);
 	set_count(&row, "redis_calls", stats->redis_calls);
 	args_row_set(&row, "redis_errors", JSONBOID, failures_jsonb(stats));
 	/* Without a round trip there is no latency to tell. */

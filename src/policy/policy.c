@@ -156,6 +156,9 @@ typedef struct PolicyColumns
 	/* Added by 0.8: until then, no allowances. */
 	AttrNumber	allowance;
 	AttrNumber	allowance_ttl;
+	/* Added by 0.10: until then, debt up to the capacity, request ids remembered an hour. */
+	AttrNumber	max_debt;
+	AttrNumber	replay_window;
 } PolicyColumns;
 
 /* Finds rel's columns. */
@@ -176,6 +179,8 @@ policy_columns(Relation rel, PolicyColumns *columns)
 	columns->deny_cache = get_attnum(RelationGetRelid(rel), "deny_cache");
 	columns->allowance = get_attnum(RelationGetRelid(rel), "allowance");
 	columns->allowance_ttl = get_attnum(RelationGetRelid(rel), "allowance_ttl");
+	columns->max_debt = get_attnum(RelationGetRelid(rel), "max_debt");
+	columns->replay_window = get_attnum(RelationGetRelid(rel), "replay_window");
 }
 
 /* Fills policy (its name already set) from a row's values. */
@@ -227,6 +232,13 @@ policy_from_row(Policy *policy, const Datum *values, const bool *nulls, const Po
 		if (policy->allowance <= 0 || policy->allowance_ttl_ms <= 0)
 			policy->allowance = 0;
 	}
+	policy->max_debt = -1;
+	if (c->max_debt != InvalidAttrNumber && !nulls[c->max_debt - 1])
+		policy->max_debt = Max(DatumGetInt64(values[c->max_debt - 1]), 0);
+	policy->replay_window_ms = POLICY_REPLAY_WINDOW_MS;
+	if (c->replay_window != InvalidAttrNumber && !nulls[c->replay_window - 1])
+		policy->replay_window_ms =
+			Max(policy_interval_ms(DatumGetIntervalP(values[c->replay_window - 1])), 1);
 	policy->local_usable = false;
 	if (policy->algorithm == ALGORITHM_CONCURRENCY)
 		/* Leases: capacity at once, each living at most idle_ttl. */

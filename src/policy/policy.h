@@ -38,6 +38,9 @@ typedef enum OverrideAction
 	OVERRIDE_DENY				/* always denied, nothing counted */
 } OverrideAction;
 
+/* The replay_window column's default: how long a request id's grant is remembered. */
+#define POLICY_REPLAY_WINDOW_MS (60 * 60 * 1000)
+
 typedef struct Policy
 {
 	char		name[NAMEDATALEN];	/* hash key; the table allows at most 63 bytes */
@@ -57,6 +60,8 @@ typedef struct Policy
 	bool		deny_cache;		/* denials from Redis are remembered until their retry-after */
 	int64		allowance;		/* the most tokens of a hot subject one server slices (0: none) */
 	int64		allowance_ttl_ms;	/* how long a slice may be used */
+	int64		max_debt;		/* tokens a subject may owe past empty (-1: its capacity) */
+	int64		replay_window_ms;	/* how long a request id's grant is remembered */
 	double		local_share;
 	/* Set only on a request's copy, by policy_apply_override. */
 	OverrideAction override;
@@ -64,6 +69,14 @@ typedef struct Policy
 } Policy;
 
 extern int64 policy_interval_ms(Interval *interval);
+
+/* The tokens a subject of policy (a request's copy) may owe past empty: max_debt, or its capacity. */
+static inline int64
+policy_max_debt(const Policy *policy)
+{
+	return policy->max_debt < 0 ? policy->bucket.capacity : policy->max_debt;
+}
+
 extern const char *policy_fail_mode_name(FailMode mode);
 extern AttrNumber policy_column(Relation rel, const char *column);
 extern void policy_load_all(HTAB *cache, Oid relid, Snapshot snapshot, uint64 installation);

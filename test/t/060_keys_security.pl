@@ -150,7 +150,7 @@ $other->quit;
 $node->safe_psql(
 	'postgres', q{
 	CREATE ROLE app LOGIN;
-	GRANT EXECUTE ON FUNCTION rl_consume(text, text, bigint) TO app;
+	GRANT EXECUTE ON FUNCTION rl_consume(text, text, bigint, interval, text) TO app;
 });
 my $app = session($node, user => 'app');
 my $stderr_all = '';

@@ -98,7 +98,7 @@ sub logged_failure
 	$node->safe_psql(
 		'postgres', qq{
 		CREATE ROLE rl_app LOGIN;
-		GRANT EXECUTE ON FUNCTION rl_consume(text, text, bigint), rl_health() TO rl_app;
+		GRANT EXECUTE ON FUNCTION rl_consume(text, text, bigint, interval, text), rl_health() TO rl_app;
 		ALTER ROLE rl_app SET ratelimit.redis_url = 'redis://127.0.0.1:$dead_port';
 	});
 	my $app = session($node, user => 'rl_app');

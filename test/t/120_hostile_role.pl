@@ -32,7 +32,7 @@ $node->safe_psql('postgres', q{
 	  ('h.open', 1000, 1000, '1 second', 'open');
 	CREATE ROLE app LOGIN;
 	CREATE ROLE other LOGIN;
-	GRANT EXECUTE ON FUNCTION rl_consume(text, text, bigint), rl_enforce(text, text, bigint)
+	GRANT EXECUTE ON FUNCTION rl_consume(text, text, bigint, interval, text), rl_enforce(text, text, bigint, interval, text)
 	  TO app, other;
 	CREATE DATABASE victim;
 });
@@ -241,7 +241,7 @@ $unloaded->safe_psql('postgres', q{
 	INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, fail_mode) VALUES
 	  ('u.closed', 10, 10, '1 minute', 'closed');
 	CREATE ROLE app LOGIN;
-	GRANT EXECUTE ON FUNCTION rl_consume(text, text, bigint) TO app;
+	GRANT EXECUTE ON FUNCTION rl_consume(text, text, bigint, interval, text) TO app;
 });
 my $u = session($unloaded, user => 'app');
 my ($conf_url) = $u->query(q{SELECT current_setting('ratelimit.redis_url', true)});

@@ -77,9 +77,9 @@ $node->safe_psql('postgres', q{
 	CREATE TRIGGER charge AFTER INSERT ON nn_rows_ctl REFERENCING NEW TABLE AS new_rows
 		FOR EACH STATEMENT EXECUTE FUNCTION rl_limit_trigger('nn.ctl', 'tenant');
 	CREATE ROLE attacker LOGIN;
-	GRANT EXECUTE ON FUNCTION rl_consume(text, text, bigint), rl_reserve(text, text, bigint),
-		rl_acquire(text, text, text), rl_consume_many(text, text[], bigint[]),
-		rl_consume_all(text[], text[], bigint[]), rl_refund(text, text, bigint) TO attacker;
+	GRANT EXECUTE ON FUNCTION rl_consume(text, text, bigint, interval, text), rl_reserve(text, text, bigint, interval, text),
+		rl_acquire(text, text, text, interval), rl_consume_many(text, text[], bigint[], text[]),
+		rl_consume_all(text[], text[], bigint[], text), rl_refund(text, text, bigint) TO attacker;
 	GRANT INSERT ON nn_rows, nn_rows_ctl, nn_done TO attacker;
 });
 
