@@ -103,23 +103,23 @@ COMMIT;
 -- A decision built by hand.
 --
 -- An unknown policy: what the decision itself says (q without w, r, t, Retry-After).
-SELECT rl_headers(ROW(true, 3, 10, 0, 1500, 'no.such', 1, 'redis')::rl_decision) AS headers;
-SELECT rl_headers(ROW(false, 0, 10, 1001, 5000, 'no.such', 1, 'redis')::rl_decision) AS headers;
+SELECT rl_headers(ROW(true, 3, 10, 0, 1500, 'no.such', 1, 'redis', 0)::rl_decision) AS headers;
+SELECT rl_headers(ROW(false, 0, 10, 1001, 5000, 'no.such', 1, 'redis', 0)::rl_decision) AS headers;
 -- A version of http.api that is not (or no longer) current: the same.
-SELECT rl_headers(ROW(true, 3, 10, 0, 1500, 'http.api', -1, 'redis')::rl_decision) AS headers;
+SELECT rl_headers(ROW(true, 3, 10, 0, 1500, 'http.api', -1, 'redis', 0)::rl_decision) AS headers;
 -- Never a negative count, and a denial always says to wait at least a second.
-SELECT rl_headers(ROW(false, -5, 10, 0, -1, 'no.such', 1, 'local')::rl_decision) AS headers;
+SELECT rl_headers(ROW(false, -5, 10, 0, -1, 'no.such', 1, 'local', 0)::rl_decision) AS headers;
 -- Quotes and backslashes are escaped inside the structured-field string.
-SELECT rl_headers(ROW(true, 1, 2, 0, 0, 'we"ird\name', 1, 'redis')::rl_decision)->>'RateLimit-Policy' AS policy;
+SELECT rl_headers(ROW(true, 1, 2, 0, 0, 'we"ird\name', 1, 'redis', 0)::rl_decision)->>'RateLimit-Policy' AS policy;
 -- Bad input is an error, never an empty object that reads as "no limit".
 SELECT expect_error($$SELECT rl_headers(NULL)$$);
 SELECT expect_error($$SELECT rl_headers(NULL::rl_decision, true)$$);
-SELECT expect_error($$SELECT rl_headers(ROW(true, 1, 2, 0, 0, 'http.api', 1, 'redis')::rl_decision, NULL)$$);
-SELECT expect_error($$SELECT rl_headers(ROW(true, NULL, 2, 0, 0, 'http.api', 1, 'redis')::rl_decision)$$);
-SELECT expect_error($$SELECT rl_headers(ROW(true, 1, 2, 0, 0, NULL, 1, 'redis')::rl_decision)$$);
-SELECT expect_error($$SELECT rl_headers(ROW(true, 1, 2, 0, 0, 'http.api', 1, 'magic')::rl_decision)$$);
-SELECT expect_error($$SELECT rl_headers(ROW(true, 1, 2, 0, 0, E'line\nbreak', 1, 'redis')::rl_decision)$$);
-SELECT expect_error($$SELECT rl_headers(ROW(true, 1, 2, 0, 0, repeat('x', 64), 1, 'redis')::rl_decision)$$);
+SELECT expect_error($$SELECT rl_headers(ROW(true, 1, 2, 0, 0, 'http.api', 1, 'redis', 0)::rl_decision, NULL)$$);
+SELECT expect_error($$SELECT rl_headers(ROW(true, NULL, 2, 0, 0, 'http.api', 1, 'redis', 0)::rl_decision)$$);
+SELECT expect_error($$SELECT rl_headers(ROW(true, 1, 2, 0, 0, NULL, 1, 'redis', 0)::rl_decision)$$);
+SELECT expect_error($$SELECT rl_headers(ROW(true, 1, 2, 0, 0, 'http.api', 1, 'magic', 0)::rl_decision)$$);
+SELECT expect_error($$SELECT rl_headers(ROW(true, 1, 2, 0, 0, E'line\nbreak', 1, 'redis', 0)::rl_decision)$$);
+SELECT expect_error($$SELECT rl_headers(ROW(true, 1, 2, 0, 0, repeat('x', 64), 1, 'redis', 0)::rl_decision)$$);
 
 --
 -- rl_response_headers: appends the headers to response.headers (an array of one-key

@@ -441,7 +441,7 @@ SELECT expect_error($$TRUNCATE rl_override$$);
 SELECT expect_error($$SELECT _rl_override_set_version()$$);
 SELECT expect_error($$SELECT _rl_inserted_version('policy', 'ov.api', NULL, '{"version": 1}')$$);
 -- Headers tell limits: no right to them without a grant.
-SELECT expect_error($$SELECT rl_headers(ROW(true, 1, 5, 0, 0, 'ov.api', 1, 'redis')::rl_decision)$$);
+SELECT expect_error($$SELECT rl_headers(ROW(true, 1, 5, 0, 0, 'ov.api', 1, 'redis', 0)::rl_decision)$$);
 -- Deciding needs no right on rl_override, and the override still applies.
 SELECT allowed, source FROM rl_consume('ov.api', 'n1');
 RESET ROLE;

@@ -71,8 +71,8 @@ CREATE FUNCTION regress_evil.nextval(regclass) RETURNS bigint LANGUAGE sql AS 'S
 CREATE TABLE regress_evil.rl_policy (LIKE public.rl_policy);
 INSERT INTO regress_evil.rl_policy
     (name, algorithm, capacity, refill_amount, refill_period, fail_mode, mode, local_share, version, time_zone, deny_cache,
-     allowance_ttl)
-VALUES ('reports.export', 'token_bucket', 1000000, 1, '1 s', 'open', 'enforce', 1, 1, 'UTC', true, '1 s');
+     allowance_ttl, replay_window)
+VALUES ('reports.export', 'token_bucket', 1000000, 1, '1 s', 'open', 'enforce', 1, 1, 'UTC', true, '1 s', '1 hour');
 GRANT SELECT ON regress_evil.rl_policy TO PUBLIC;
 SET ROLE regress_policy_admin;
 SET search_path = regress_evil, pg_catalog, public;

@@ -42,7 +42,9 @@ SELECT pg_catalog.set_config('rl_upgrade.grants', coalesce(pg_catalog.string_agg
                ('@extschema@.rl_reserve(text, text, bigint)', '@extschema@.rl_reserve(text, text, bigint, interval, text)'),
                ('@extschema@.rl_consume_all(text[], text[], bigint[])', '@extschema@.rl_consume_all(text[], text[], bigint[], text)'),
                ('@extschema@.rl_consume_many(text, text[], bigint[])', '@extschema@.rl_consume_many(text, text[], bigint[], text[])'),
-               ('@extschema@.rl_acquire(text, text, text)', '@extschema@.rl_acquire(text, text, text, interval)'))
+               ('@extschema@.rl_acquire(text, text, text)', '@extschema@.rl_acquire(text, text, text, interval)'),
+               ('@extschema@.rl_define(text, bigint, interval, bigint, text, interval, numeric, text, text, bigint, interval)',
+                '@extschema@.rl_define(text, bigint, interval, bigint, text, interval, numeric, text, text, bigint, interval, bigint, interval)'))
        AS n(old_signature, new_signature)
   JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) n.old_signature::pg_catalog.regprocedure
   CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) a
@@ -55,6 +57,65 @@ DROP FUNCTION @extschema@.rl_reserve(text, text, bigint);
 DROP FUNCTION @extschema@.rl_consume_all(text[], text[], bigint[]);
 DROP FUNCTION @extschema@.rl_consume_many(text, text[], bigint[]);
 DROP FUNCTION @extschema@.rl_acquire(text, text, text);
+DROP FUNCTION @extschema@.rl_define(text, bigint, interval, bigint, text, interval, numeric, text, text, bigint, interval);
+
+-- Defines or changes a policy in words close to the requirement:
+--   SELECT rl_define('api.write', 120, per => '1 minute', burst => 200, fail_mode => 'closed');
+--   SELECT rl_define('reports.export', 1000, per => '1 month', algorithm => 'fixed_window',
+--                    time_zone => 'Europe/Berlin');
+-- amount tokens per `per`: refilled continuously for 'token_bucket' (the default) and
+-- 'gcra', with bursts of `burst` (default: amount); at most amount in each window of `per`
+-- for 'fixed_window', 'sliding_window' and 'sliding_log' (no burst); an allowance slices a
+-- hot subject's tokens to each server; max_debt bounds what a subject may owe (waits booked,
+-- costs settled up) and replay_window how long a request id is remembered. On a change,
+-- arguments left NULL keep their value. The table's constraints check it like any INSERT or UPDATE,
+-- and the caller needs the same rights on rl_policy.
+CREATE FUNCTION @extschema@.rl_define(name text, amount bigint, per interval,
+                                      burst bigint DEFAULT NULL, fail_mode text DEFAULT NULL,
+                                      idle_ttl interval DEFAULT NULL,
+                                      local_share numeric DEFAULT NULL,
+                                      algorithm text DEFAULT 'token_bucket',
+                                      time_zone text DEFAULT NULL,
+                                      allowance bigint DEFAULT NULL,
+                                      allowance_ttl interval DEFAULT NULL,
+                                      max_debt bigint DEFAULT NULL,
+                                      replay_window interval DEFAULT NULL)
+RETURNS @extschema@.rl_policy
+LANGUAGE sql
+BEGIN ATOMIC
+    INSERT INTO @extschema@.rl_policy AS p
+        (name, algorithm, capacity, refill_amount, refill_period, idle_ttl, fail_mode, local_share,
+         time_zone, allowance, allowance_ttl, max_debt, replay_window)
+    VALUES (rl_define.name, rl_define.algorithm, coalesce(rl_define.burst, rl_define.amount),
+            CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra'])
+                 THEN rl_define.amount END,
+            rl_define.per, rl_define.idle_ttl,
+            coalesce(rl_define.fail_mode, 'closed'), coalesce(rl_define.local_share, 1),
+            coalesce(rl_define.time_zone, 'UTC'), rl_define.allowance,
+            coalesce(rl_define.allowance_ttl, '1 second'),
+            CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra', 'fixed_window'])
+                 THEN rl_define.max_debt END,
+            coalesce(rl_define.replay_window, '1 hour'))
+    ON CONFLICT (name) DO UPDATE
+    SET algorithm = rl_define.algorithm,
+        capacity = coalesce(rl_define.burst, rl_define.amount),
+        refill_amount = CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra'])
+                             THEN rl_define.amount END,
+        refill_period = rl_define.per,
+        idle_ttl = CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) p.algorithm
+                        THEN coalesce(rl_define.idle_ttl, p.idle_ttl) ELSE rl_define.idle_ttl END,
+        fail_mode = coalesce(rl_define.fail_mode, p.fail_mode),
+        local_share = coalesce(rl_define.local_share, p.local_share),
+        time_zone = coalesce(rl_define.time_zone, CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) 'fixed_window'
+                                                      THEN p.time_zone ELSE 'UTC' END),
+        allowance = CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra', 'fixed_window'])
+                         THEN coalesce(rl_define.allowance, p.allowance) ELSE rl_define.allowance END,
+        allowance_ttl = coalesce(rl_define.allowance_ttl, p.allowance_ttl),
+        max_debt = CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra', 'fixed_window'])
+                        THEN coalesce(rl_define.max_debt, p.max_debt) ELSE rl_define.max_debt END,
+        replay_window = coalesce(rl_define.replay_window, p.replay_window)
+    RETURNING *;
+END;
 
 -- A take may wait (max_wait: its turn is booked in Redis, slept through here, given back if
 -- cancelled) and may be made once per request (request_id: the same id again, within the

@@ -691,7 +691,9 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.rl_installation_seq', ''
 -- amount tokens per `per`: refilled continuously for 'token_bucket' (the default) and
 -- 'gcra', with bursts of `burst` (default: amount); at most amount in each window of `per`
 -- for 'fixed_window', 'sliding_window' and 'sliding_log' (no burst); an allowance slices a
--- hot subject's tokens to each server. On a change, arguments left NULL keep their value. The table's constraints check it like any INSERT or UPDATE,
+-- hot subject's tokens to each server; max_debt bounds what a subject may owe (waits booked,
+-- costs settled up) and replay_window how long a request id is remembered. On a change,
+-- arguments left NULL keep their value. The table's constraints check it like any INSERT or UPDATE,
 -- and the caller needs the same rights on rl_policy.
 CREATE FUNCTION @extschema@.rl_define(name text, amount bigint, per interval,
                                       burst bigint DEFAULT NULL, fail_mode text DEFAULT NULL,
@@ -700,20 +702,25 @@ CREATE FUNCTION @extschema@.rl_define(name text, amount bigint, per interval,
                                       algorithm text DEFAULT 'token_bucket',
                                       time_zone text DEFAULT NULL,
                                       allowance bigint DEFAULT NULL,
-                                      allowance_ttl interval DEFAULT NULL)
+                                      allowance_ttl interval DEFAULT NULL,
+                                      max_debt bigint DEFAULT NULL,
+                                      replay_window interval DEFAULT NULL)
 RETURNS @extschema@.rl_policy
 LANGUAGE sql
 BEGIN ATOMIC
     INSERT INTO @extschema@.rl_policy AS p
         (name, algorithm, capacity, refill_amount, refill_period, idle_ttl, fail_mode, local_share,
-         time_zone, allowance, allowance_ttl)
+         time_zone, allowance, allowance_ttl, max_debt, replay_window)
     VALUES (rl_define.name, rl_define.algorithm, coalesce(rl_define.burst, rl_define.amount),
             CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra'])
                  THEN rl_define.amount END,
             rl_define.per, rl_define.idle_ttl,
             coalesce(rl_define.fail_mode, 'closed'), coalesce(rl_define.local_share, 1),
             coalesce(rl_define.time_zone, 'UTC'), rl_define.allowance,
-            coalesce(rl_define.allowance_ttl, '1 second'))
+            coalesce(rl_define.allowance_ttl, '1 second'),
+            CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra', 'fixed_window'])
+                 THEN rl_define.max_debt END,
+            coalesce(rl_define.replay_window, '1 hour'))
     ON CONFLICT (name) DO UPDATE
     SET algorithm = rl_define.algorithm,
         capacity = coalesce(rl_define.burst, rl_define.amount),
@@ -728,7 +735,10 @@ BEGIN ATOMIC
                                                       THEN p.time_zone ELSE 'UTC' END),
         allowance = CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra', 'fixed_window'])
                          THEN coalesce(rl_define.allowance, p.allowance) ELSE rl_define.allowance END,
-        allowance_ttl = coalesce(rl_define.allowance_ttl, p.allowance_ttl)
+        allowance_ttl = coalesce(rl_define.allowance_ttl, p.allowance_ttl),
+        max_debt = CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra', 'fixed_window'])
+                        THEN coalesce(rl_define.max_debt, p.max_debt) ELSE rl_define.max_debt END,
+        replay_window = coalesce(rl_define.replay_window, p.replay_window)
     RETURNING *;
 END;
 

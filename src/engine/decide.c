@@ -22,6 +22,7 @@
 
 #include "base/clock.h"
 #include "engine/allowance.h"
+#include "engine/ask.h"
 #include "engine/booking.h"
 #include "engine/decide.h"
 #include "engine/denial.h"
@@ -60,125 +61,6 @@ give_backs_room(GiveBacks *backs)
 		repalloc(backs->backs, backs->room * sizeof(SliceGiveBack));
 }
 
-/* The Redis key of request's bucket: the one fixed in advance, or built now (palloc'd). */
-const char *
-decision_key(const DecisionRequest *request)
-{
-	StringInfoData key;
-
-	if (request->redis_key != NULL)
-		return request->redis_key;
-	initStringInfo(&key);
-	subject_build_key(&key, &request->policy, request->subject, request->length);
-	return key.data;
-}
-
-/*
- * Fills call from an algorithm's script, keys and numbers: the clock first
- * (a test clock, or Redis's), then the nextras numbers of extras (a slice's
- * most to take, a booking's wait and debt); room for nresults numbers of the
- * reply. All allocated in the current memory context. (At most 10
- * arguments: a Redis that wants a password we were not given answers NOAUTH
- * only to at most 10, and NOAUTH is what says why. A slice's take has 11, but
- * only a subject that Redis granted before is sliced.)
- */
-static void
-call_of(const LimitCall *part, const int64 *extras, int nextras, int nresults, RedisCall *call)
-{
-	const char **keys = palloc(Max(part->nkeys, 1) * sizeof(char *));
-	const char **args = palloc((1 + part->nargs + nextras) * sizeof(char *));
-	int			nargs = 0;
-
-	memcpy(keys, part->keys, part->nkeys * sizeof(char *));
-	args[nargs++] = clock_test_ms();
-	memcpy(&args[nargs], part->args, part->nargs * sizeof(char *));
-	nargs += part->nargs;
-	for (int i = 0; i < nextras; i++)
-		args[nargs++] = psprintf(INT64_FORMAT, extras[i]);
-	memset(call, 0, sizeof(*call));
-	call->script = part->script;
-	call->nkeys = part->nkeys;
-	call->keys = keys;
-	call->nargs = nargs;
-	call->args = args;
-	call->nresults = nresults;
-	call->results = palloc(nresults * sizeof(long long));
-}
-
-/* The Redis key that remembers a grant of request (lua/once.lua): beside key, in its slot. */
-static const char *
-request_key(const DecisionRequest *request, const char *key)
-{
-	return psprintf("%s:request:%s", key, request->request_id);
-}
-
-/* The script mode of a call of request in mode: a take that may wait books. */
-static LimitMode
-script_mode(const DecisionRequest *request, LimitMode mode)
-{
-	return mode == LIMIT_TAKE && request->max_wait_ms > 0 ? LIMIT_BOOK : mode;
-}
-
-/* True when a call of request in mode is made once per request id. */
-static bool
-made_once(const DecisionRequest *request, LimitMode mode)
-{
-	return mode == LIMIT_TAKE && request->request_id != NULL;
-}
-
-/*
- * Fills call with the script of request's algorithm and mode at at_ms, on
- * key: a refund with an id has its mark after it (sharing its hash tag), then
- * the request id it forgets; a take that may wait books (its wait and the
- * policy's debt follow its numbers); a take with a request id is made once
- * (the id's key and memory follow). Its reply: 4 numbers, then the wait a
- * booking answers (a take made once: 0 when it books nothing), then whether
- * a take made once was a replay.
- */
-static void
-request_call(const DecisionRequest *request, LimitMode mode, const char *key, int64 at_ms,
-			 int64 slice_most, RedisCall *call)
-{
-	const LimitParams *params = &request->policy.bucket;
-	LimitMode	script = script_mode(request, mode);
-	const char *mark = NULL;
-	LimitCall	part = {0};
-	int64		extras[3];
-	int			nextras = 0;
-	int			nresults = 4;
-
-	if (request->refund_id != NULL)
-		mark = psprintf("%s:refund:%s", key, request->refund_id);
-	limit_ops(params)->call(params, script, key, request->cost, at_ms, mark, &part);
-	if (mode == LIMIT_REFUND && mark != NULL && request->request_id != NULL)
-		part.keys[part.nkeys++] = request_key(request, key);
-	if (script == LIMIT_SLICE)
-		extras[nextras++] = slice_most;
-	if (script == LIMIT_BOOK)
-	{
-		extras[nextras++] = request->max_wait_ms;
-		nresults++;
-	}
-	if (script == LIMIT_BOOK || script == LIMIT_OWE)
-		extras[nextras++] = policy_max_debt(&request->policy);
-	if (made_once(request, mode))
-	{
-		Assert(part.script->once != NULL);
-		part.script = part.script->once;
-		part.keys[part.nkeys++] = request_key(request, key);
-		extras[nextras++] = request->policy.replay_window_ms;
-		nresults = 6;
-	}
-	call_of(&part, extras, nextras, nresults, call);
-}
-
-/* The call of request as it is, at its own time (a reservation's refund at its end). */
-void
-decision_redis_call(const DecisionRequest *request, RedisCall *call)
-{
-	request_call(request, request->mode, decision_key(request), request_at_ms(request), 0, call);
-}
-
 /* The call that gives back's tokens back to the bucket (and window) they came from. */
 static void
 give_back_call(const SliceGiveBack *back, RedisCall *call)
@@ -186,7 +68,7 @@ give_back_call(const SliceGiveBack *back, RedisCall *call)
 	LimitCall	part = {0};
 
 	limit_give_back_call(&back->params, back->key, back->tokens, back->taken_ms, &part);
-	call_of(&part, NULL, 0, 4, call);
+	ask_call_of(&part, NULL, 0, 4, call);
 }
 
 /* Gives slices' tokens back to Redis now, in one round trip; what cannot be is lost, never granted twice. */
@@ -203,49 +85,6 @@ give_back(const GiveBacks *backs)
 		give_back_call(&backs->backs[i], &calls[i]);
 	(void) redis_run_scripts(calls, backs->count, 0, &failure);
 	pfree(calls);
-}
-
-/*
- * Fills decision from a script's four numbers {allowed, remaining,
- * retry_after_ms, reset_after_ms} (a slice's first is the tokens it took: 0
- * denies); false, with a protocol failure, when they make no sense.
- */
-bool
-decision_from_reply(const long long *results, bool slice, Decision *decision,
-					RedisFailure *failure)
-{
-	if (results[1] < 0 || results[2] < 0 || results[3] < 0)
-		return redis_fail(failure, REDIS_FAILURE_PROTOCOL, "unexpected reply");
-	decision->allowed = slice ? results[0] > 0 : results[0] == 1;
-	decision->remaining = results[1];
-	decision->retry_after_ms = results[2];
-	decision->reset_after_ms = results[3];
-	decision->source = DECISION_SOURCE_REDIS;
-	return true;
-}
-
-/*
- * Reads what follows a reply's four numbers into d's decision: a booking's
- * wait, a replay's mark (a replay waits for nothing: its first asking waited);
- * false, with a protocol failure, when they make no sense.
- */
-static bool
-from_reply_extras(const Deciding *d, const RedisCall *call, RedisFailure *failure)
-{
-	Decision   *decision = d->decision;
-	long long	wait = call->nresults > 4 ? call->results[4] : 0;
-	long long	replay = call->nresults > 5 ? call->results[5] : 0;
-
-	if (wait < 0 || (!replay && wait > d->request->max_wait_ms) || (wait > 0 && !decision->allowed) ||
-		replay < 0 || replay > 1)
-		return redis_fail(failure, REDIS_FAILURE_PROTOCOL, "unexpected reply");
-	decision->wait_ms = replay ? 0 : wait;
-	/* A settle's first number is what it took: all of the cost, or what the debt allowed. */
-	if (d->request->mode == LIMIT_OWE)
-		decision->allowed = call->results[0] == d->request->cost;
-	if (replay)
-		decision->source = DECISION_SOURCE_REPLAY;
-	return true;
 }
 
 /* Fills d's decision from a grant of the subject's slice here. */
@@ -426,7 +265,7 @@ call(Deciding **asking, int nasking, const GiveBacks *backs, RedisFailure *failu
 		Deciding   *d = asking[n];
 		bool		fetch = d->plan.outcome == SLICE_FETCH;
 
-		request_call(d->request, fetch ? LIMIT_SLICE : d->request->mode, d->key, d->at_ms,
+		ask_call(d->request, fetch ? LIMIT_SLICE : d->request->mode, d->key, d->at_ms,
 					 d->plan.want, &calls[backs->count + n]);
 	}
 	memset(failure, 0, sizeof(*failure));
@@ -454,7 +293,7 @@ finish(Deciding *d, RedisCall *call, const RedisFailure *failure, int64 asked_us
 	answered = call->answered &&
 		(d->plan.request == NULL || allowance_reply(&d->plan, call->results, &outcome)) &&
 		decision_from_reply(call->results, fetch, decision, &outcome) &&
-		from_reply_extras(d, call, &outcome);
+		ask_reply_extras(d->request, call, decision, &outcome);
 	engine_observe_redis(&request->policy, answered, &outcome, call->round_trip_us);
 	if (d->plan.request != NULL)
 	{
@@ -499,7 +338,7 @@ await_bookings(Deciding *ds, int count)
 		back.max_wait_ms = 0;
 		back.refund_id = clock_unique_id();
 		bookings[nbookings].decision = ds[i].decision;
-		request_call(&back, LIMIT_REFUND, ds[i].key,
+		ask_call(&back, LIMIT_REFUND, ds[i].key,
 					 ds[i].at_ms + (limit_refills(back.policy.algorithm) ? 0 : ds[i].decision->wait_ms),
 					 0, &bookings[nbookings].give_back);
 		nbookings++;

@@ -6,6 +6,7 @@
 #ifndef RL_DECIDE_H
 #define RL_DECIDE_H
 
+#include "engine/ask.h"
 #include "engine/decision.h"
 #include "redis/pipeline.h"
 
@@ -20,9 +21,5 @@ extern void decision_raise_script_error(const Decision *decision);
 extern void decision_run(const DecisionRequest *request, Decision *decision);
 extern void batch_run(const DecisionRequest *requests, Decision *decisions, int count);
 extern bool decision_reset(const DecisionRequest *request);
-extern const char *decision_key(const DecisionRequest *request);
-extern void decision_redis_call(const DecisionRequest *request, RedisCall *call);
-extern bool decision_from_reply(const long long *results, bool slice, Decision *decision,
-								RedisFailure *failure);
 
 #endif							/* RL_DECIDE_H */

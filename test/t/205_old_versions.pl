@@ -78,7 +78,7 @@ my %by_type = (
 	'numeric' => '1',
 	'boolean' => 'false',
 	'jsonb' => "'{}'::jsonb",
-	'rl_decision' => "ROW(false, 0, 10, 6000, 6000, 'old.tb', 1, 'redis')::rl_decision",
+	'rl_decision' => "ROW(false, 0, 10, 6000, 6000, 'old.tb', 1, 'redis', 0)::rl_decision",
 );
 
 # The calls of every function of the extension in database db (trigger functions are run
