@@ -31,6 +31,8 @@ give_back(Booking *bookings, int count, int64 left_ms)
 {
 	RedisCall  *calls = palloc(count * sizeof(RedisCall));
 	RedisFailure failure;
+	bool		cancel = QueryCancelPending;
+	bool		die = ProcDiePending;
 
 	for (int i = 0; i < count; i++)
 	{
@@ -39,8 +41,19 @@ give_back(Booking *bookings, int count, int64 left_ms)
 		bookings[i].decision->retry_after_ms = Max(left_ms, 1);
 		bookings[i].decision->wait_ms = 0;
 	}
+	/*
+	 * The cancel (or terminate) is set aside while the give-back runs: with
+	 * interrupts held, one pending would end the give-back's wait at once
+	 * (redis/socket.c). One that comes meanwhile still ends it; both are
+	 * served when interrupts resume.
+	 */
 	HOLD_INTERRUPTS();
+	QueryCancelPending = false;
+	ProcDiePending = false;
 	(void) redis_run_scripts(calls, count, 0, &failure);
+	QueryCancelPending = QueryCancelPending || cancel;
+	ProcDiePending = ProcDiePending || die;
+	InterruptPending = true;
 	RESUME_INTERRUPTS();
 	pfree(calls);
 }
