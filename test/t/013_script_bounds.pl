@@ -38,9 +38,14 @@ for my $name (
 	gcra/take_one gcra/peek gcra/refund gcra/slice fixed_window/take_one fixed_window/peek
 	fixed_window/refund fixed_window/slice sliding_window/take sliding_window/peek
 	sliding_window/refund sliding_log/take sliding_log/peek sliding_log/refund
-	concurrency/acquire concurrency/release concurrency/peek group reset))
+	concurrency/acquire concurrency/release concurrency/peek group reset
+	token_bucket/book token_bucket/owe gcra/book gcra/owe fixed_window/book fixed_window/owe
+	token_bucket/take_one+once token_bucket/book+once sliding_log/take+once group+once))
 {
-	my $body = `"$compose" "$FindBin::Bin/../../lua/$name.lua"`;
+	# name+once: the script made once per request id (lua/once.lua).
+	my ($file, $once) = $name =~ /^(.*?)(\+once)?$/;
+	local $ENV{RL_LUA_ONCE} = $once ? 1 : 0;
+	my $body = `"$compose" "$FindBin::Bin/../../lua/$file.lua"`;
 	die "cannot compose $name" if $? != 0;
 	my $sha = $db->command('SCRIPT', 'LOAD', $body);
 	die "SCRIPT LOAD $name failed" unless !ref $sha && $sha =~ /^[0-9a-f]{40}$/;
@@ -191,6 +196,39 @@ subtest 'token bucket, gcra, fixed and sliding window at their bounds' => sub {
 	bounded('group: 32 token buckets (the most checks), all granted',
 		setup => sub { $db->command('DEL', @t32) }, script => 'group', keys => \@t32,
 		args => [ $T0, map { (1, @tb[0 .. 2], 1, $ttl) } 1 .. 32 ], want => qr/^\{1, /);
+	bounded('group made once: 32 token buckets, then their id',
+		setup => sub { $db->command('DEL', @t32, 'tb:1:request') }, script => 'group+once',
+		keys => [ @t32, 'tb:1:request' ],
+		args => [ $T0, (map { (1, @tb[0 .. 2], 1, $ttl) } 1 .. 32), 604_800_000 ], want => qr/^\{1, .*, 0\}$/);
+	bounded('group replayed: the 32 answers again', script => 'group+once', keys => [ @t32, 'tb:1:request' ],
+		args => [ $T0, (map { (1, @tb[0 .. 2], 1, $ttl) } 1 .. 32), 604_800_000 ], want => qr/^\{1, .*, 1\}$/);
+
+	# Waits and debts (0.10.0): capacity + max_debt below 2^53, a booking of the whole
+	# capacity from an empty bucket (2^52 ms ahead), a settle of the whole debt.
+	my $half = 4_503_599_627_370_496;    # 2^52
+	my @tbw = ($half, 1, 1, $half, $ttl);
+	bounded('token_bucket book: 2^52 from empty, max_debt 2^52 - 2',
+		setup => sub { $db->command('SET', 'tb', "0 $T0") }, script => 'token_bucket/book',
+		keys => ['tb'], args => [ $T0, @tbw, $half, $half - 2 ], want => qr/^\{1, 0, 0, \d+, $half\}$/);
+	bounded('token_bucket book made once', setup => sub { $db->command('SET', 'tb', "0 $T0"); $db->command('DEL', 'tb:r') },
+		script => 'token_bucket/book+once', keys => [ 'tb', 'tb:r' ],
+		args => [ $T0, @tbw, $half, $half - 2, 604_800_000 ], want => qr/^\{1, 0, 0, \d+, $half, 0\}$/);
+	bounded('token_bucket owe: 2^52 - 2 beyond empty',
+		setup => sub { $db->command('SET', 'tb', "0 $T0") }, script => 'token_bucket/owe',
+		keys => ['tb'], args => [ $T0, @tbw, $half - 2 ], want => qr/^\{\d+, 0, \d+, \d+\}$/);
+	bounded('token_bucket take_one made once: cost = capacity',
+		setup => sub { $db->command('DEL', 'tb', 'tb:r') }, script => 'token_bucket/take_one+once',
+		keys => [ 'tb', 'tb:r' ], args => [ $T0, @tb, 604_800_000 ], want => qr/^\{1, 0, 0, $cap, 0, 0\}$/);
+	bounded('gcra book: a cost of 2^51 past the tolerance', setup => sub { $db->command('DEL', 'g') },
+		prepare => sub { $db->command('DEL', 'g') }, script => 'gcra/book', keys => ['g'],
+		args => [ $T0, $tol, 512, 1, 2**51, 0, $DAY * 100000, $tol ], want => qr/^\{1, \d+, 0, \d+, \d+\}$/);
+	bounded('gcra owe', setup => sub { $db->command('DEL', 'g') }, script => 'gcra/owe', keys => ['g'],
+		args => [ $T0, $tol, 512, 1, 2**51, 0, $tol ], want => qr/^\{\d+, \d+, \d+, \d+\}$/);
+	bounded('fixed_window book: the next window', setup => sub { $db->command('SET', 'f', $cap); $db->command('DEL', 'f2') },
+		script => 'fixed_window/book', keys => [ 'f', 'f2' ],
+		args => [ '', @f, $cap, $cap, 3000, 4000, 2000, 0 ], want => qr/^\{1, 0, 0, 1000, 1000\}$/);
+	bounded('fixed_window owe', setup => sub { $db->command('SET', 'f', 1) }, script => 'fixed_window/owe',
+		keys => ['f'], args => [ '', 1000, 1000, 1000, 2000, 1000 ], want => qr/^\{1000, 0, 1000, 1000\}$/);
 };
 
 #
@@ -230,6 +268,10 @@ subtest 'sliding_log at capacity 10,000, full' => sub {
 	bounded('sliding_log take 10,000, all expired: granted', setup => $full,
 		script => 'sliding_log/take', keys => ['l'], args => [ $T0 + $W + $CAP, $CAP, $CAP, $W ],
 		want => qr/^\{1, 0, 0, $W\}$/);
+	bounded('sliding_log take 10,000 made once, all expired: granted',
+		setup => sub { $full->(); $db->command('DEL', 'l:r') }, script => 'sliding_log/take+once',
+		keys => [ 'l', 'l:r' ], args => [ $T0 + $W + $CAP, $CAP, $CAP, $W, 604_800_000 ],
+		want => qr/^\{1, 0, 0, $W, 0, 0\}$/);
 	bounded('sliding_log refund 3,333, full', setup => $full, script => 'sliding_log/refund',
 		keys => ['l'], args => [ $at, $CAP, 3333, $W ], want => qr/^\{1, 3333, 0, ${\($W - 1)}\}$/);
 	bounded('sliding_log refund 10,000, full', setup => $full, script => 'sliding_log/refund',

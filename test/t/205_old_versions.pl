@@ -78,7 +78,7 @@ my %by_type = (
 	'numeric' => '1',
 	'boolean' => 'false',
 	'jsonb' => "'{}'::jsonb",
-	'rl_decision' => "ROW(false, 0, 10, 6000, 6000, 'old.tb', 1, 'redis', 0)::rl_decision",
+	'rl_decision' => q{jsonb_populate_record(NULL::rl_decision, '{"allowed": false, "remaining": 0, "capacity": 10, "retry_after_ms": 6000, "reset_after_ms": 6000, "policy": "old.tb", "version": 1, "source": "redis", "waited_ms": 0}')},
 );
 
 # The calls of every function of the extension in database db (trigger functions are run

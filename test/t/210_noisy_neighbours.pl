@@ -12,7 +12,7 @@
 # at their bounds, cancel and terminate storms, a slow role), tickets of slices (a batch
 # naming a hot subject), the deny cache (crafted collisions; the local buckets' are in t/075),
 # and the scripts Redis runs for everyone (the sliding log at its bounds, groups of 32
-# checks).
+# checks), waits (a crowd waiting and cancelled; bookings bounded per subject).
 
 use strict;
 use warnings;
@@ -41,6 +41,10 @@ $node->safe_psql('postgres', q{
 	SELECT rl_define('nn.ctl', 10000, per => '10000 days');
 	SELECT rl_define('nn.log', 10000, per => '1 day', algorithm => 'sliding_log');
 	SELECT rl_define('nn.small', 2, per => '1 hour');
+	-- Waits: a crowd paced at 1 per 10 ms (bookings up to 1,000 ahead), and a policy shared
+	-- with a victim whose bookings are bounded by its default max_debt (its capacity).
+	SELECT rl_define('nn.pace', 100, per => '1 second', burst => 1, max_debt => 1000);
+	SELECT rl_define('nn.shared', 10, per => '1 second');
 	INSERT INTO rl_policy (name, algorithm, capacity, idle_ttl) VALUES ('nn.lease', 'concurrency', 1000000, '1 hour');
 	CREATE TABLE nn_done (run text PRIMARY KEY, at timestamptz NOT NULL);
 	-- A victim: decisions one after the other (2 ms apart) until 0.6 s after the attack
@@ -249,6 +253,51 @@ my $storm_batch = 'SELECT count(*) FROM rl_consume_many(\'nn.att\', ' . subjects
 	row('cancel and terminate storms', $storm_batch, $storm_batch, during => $storm);
 	$_->quit for @storm;
 	note "cancel and terminate storms: $cancels rounds of a cancel and a terminate";
+}
+
+###
+### Waits: a crowd of six sessions booking and sleeping on their own policy (240 waits in a
+### queue 10 ms apart), two of them cancelled mid-wait (their bookings given back); the
+### control sleeps as long between plain takes of its own policy.
+###
+{
+	my $crowd_sql = q{SELECT count(*) FROM generate_series(1, 40) g, LATERAL rl_consume('nn.pace', 'crowd', 1, max_wait => '10 seconds') r WHERE r.allowed};
+	my $during = sub {
+		my @crowd = map { session($node, user => 'attacker') } 1 .. 5;
+		$_->start_query($crowd_sql) for @crowd;
+		usleep(500_000);
+		$node->safe_psql('postgres', 'SELECT pg_cancel_backend(' . $_->pid . ')') for @crowd[ 0, 1 ];
+		$_->wait_result(60) for @crowd;
+		$_->quit for @crowd;
+	};
+	my ($ctl, $att) = row('a waiting crowd, cancelled in part',
+		q{SELECT count(*) FROM generate_series(1, 40) g, LATERAL (SELECT rl_consume('nn.ctl', 'wc' || g), pg_sleep(0.06)) r},
+		$crowd_sql, during => $during);
+	unlike($att->{attack_err} // '', qr/ERROR/, 'a waiting crowd: every wait of the attacker granted, none failed');
+}
+
+###
+### Bookings are bounded per subject: a role that books 60 waits of a day on a subject
+### others use books at most max_debt ahead (the capacity: 10 tokens, 1 s), not a day.
+###
+{
+	my @crowd = map { session($node, user => 'attacker') } 1 .. 6;
+	$_->start_query(q{SELECT count(*) FILTER (WHERE r.allowed) FROM generate_series(1, 10) g, }
+		  . q{LATERAL rl_consume('nn.shared', 'everyone', 1, max_wait => '1 day') r}) for @crowd;
+	usleep(300_000);
+	my $victim = session($node);
+	my ($owed_ms) = $node->safe_psql('postgres',
+		q{SELECT retry_after_ms FROM rl_peek('nn.shared', 'everyone')});
+	my ($allowed, $waited, $retry) = split /\|/, $victim->query(
+		q{SELECT allowed, waited_ms, retry_after_ms FROM rl_consume('nn.shared', 'everyone', 1, max_wait => '1 day')});
+	my $granted = 0;
+	$granted += $_->wait_result(60) for @crowd;
+	note "bookings bounded: the subject owed $owed_ms ms; the crowd was granted $granted of 60; "
+	  . "the victim: allowed $allowed, waited $waited ms, retry after $retry ms";
+	cmp_ok($owed_ms, '<=', 1200, "bookings bounded: the crowd booked at most max_debt ahead ($owed_ms ms, not a day)");
+	cmp_ok($allowed eq 't' ? $waited : $retry, '<=', 2500,
+		'bookings bounded: a victim on the same subject is served (or told to retry) within (capacity + max_debt) / rate');
+	$_->quit for @crowd, $victim;
 }
 
 ###

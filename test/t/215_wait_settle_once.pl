@@ -127,6 +127,13 @@ cmp_ok($peek->{retry_after_ms}, '<', 1900, "the next caller is served earlier: r
 my ($first) = split /\|/, $sessions[1]->wait_result;
 is($first, 't', 'the waiter before the cancelled one is still served');
 
+# A wait longer than max_wait is not booked at all: a denial as without max_wait.
+$sessions[0]->query_ok("SELECT rl_consume('slow', 'nb', 1)");
+my ($nb_allowed, $nb_waited) = split /\|/, $sessions[0]->query(waiting_take('slow', 'nb', 1, '100 ms'));
+is("$nb_allowed/$nb_waited", 'f/0', 'a wait longer than max_wait is denied at once');
+my $nb = parse_decision($sessions[0]->query(decision_sql('slow', 'nb', 1, 'rl_peek')));
+cmp_ok($nb->{retry_after_ms}, '<=', 1000, "and books nothing (retry $nb->{retry_after_ms} ms, not ~2000)");
+
 $sessions[4]->query_ok("SET statement_timeout = '300ms'");
 my $before = parse_decision($sessions[3]->query(decision_sql('slow', 'q', 1, 'rl_peek')))->{retry_after_ms};
 my $start = time;
