@@ -206,13 +206,13 @@ subtest 'token bucket, gcra, fixed and sliding window at their bounds' => sub {
 	# Waits and debts (0.10.0): capacity + max_debt below 2^53, a booking of the whole
 	# capacity from an empty bucket (2^52 ms ahead), a settle of the whole debt.
 	my $half = 4_503_599_627_370_496;    # 2^52
-	my @tbw = ($half, 1, 1, $half, $ttl);
-	bounded('token_bucket book: 2^52 from empty, max_debt 2^52 - 2',
+	my @tbw = ($half, 1, 1, $half - 2, $ttl);
+	bounded('token_bucket book: 2^52 - 2 from empty, capacity 2^52, max_debt 2^52 - 2',
 		setup => sub { $db->command('SET', 'tb', "0 $T0") }, script => 'token_bucket/book',
-		keys => ['tb'], args => [ $T0, @tbw, $half, $half - 2 ], want => qr/^\{1, 0, 0, \d+, $half\}$/);
+		keys => ['tb'], args => [ $T0, @tbw, $half, $half - 2 ], want => qr/^\{1, 0, 0, \d+, ${\($half - 2)}\}$/);
 	bounded('token_bucket book made once', setup => sub { $db->command('SET', 'tb', "0 $T0"); $db->command('DEL', 'tb:r') },
 		script => 'token_bucket/book+once', keys => [ 'tb', 'tb:r' ],
-		args => [ $T0, @tbw, $half, $half - 2, 604_800_000 ], want => qr/^\{1, 0, 0, \d+, $half, 0\}$/);
+		args => [ $T0, @tbw, $half, $half - 2, 604_800_000 ], want => qr/^\{1, 0, 0, \d+, ${\($half - 2)}, 0\}$/);
 	bounded('token_bucket owe: 2^52 - 2 beyond empty',
 		setup => sub { $db->command('SET', 'tb', "0 $T0") }, script => 'token_bucket/owe',
 		keys => ['tb'], args => [ $T0, @tbw, $half - 2 ], want => qr/^\{\d+, 0, \d+, \d+\}$/);
