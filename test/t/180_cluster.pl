@@ -60,6 +60,10 @@ $node->safe_psql(
 	  ('cl.move', 10, 1, '1 day', 'closed'),
 	  ('cl.load', 1000000000, 1000000000, '1 second', 'closed'),
 	  ('cl.kill', 1000000000, 1000000000, '1 second', 'open');
+	-- Waits across a failover: one grant every 50 ms, a queue of up to 200 ahead.
+	INSERT INTO rl_policy (name, capacity, refill_amount, refill_period, fail_mode, max_debt) VALUES
+	  ('cl.pace', 1, 1, '50 ms', 'closed', 200);
+	CREATE TABLE pace_grants (at_ms bigint, source text);
 	INSERT INTO rl_policy (name, algorithm, capacity, idle_ttl, fail_mode) VALUES
 	  ('cl.lease', 'concurrency', 10, '1 min', 'closed');
 	CREATE TABLE grants (policy text, subject text);
@@ -391,6 +395,42 @@ cmp_ok(scalar @lines, '<=', 40,
 	scalar(@lines) . ' log lines about the lost node for thousands of decisions: bounded');
 ok((grep { /Redis node 127\.0\.0\.1:${\ $victim->port } cannot answer/ } @lines),
 	'the line names the lost node');
+
+###
+### Waits across a failover: four sessions waiting their turn on a subject of a master while
+### its replica takes over (CLUSTER FAILOVER: the replica catches up first, so no booking
+### is lost); the grants are never over the policy, and go on from the new master.
+###
+
+{
+	$map = $cluster->slot_map;
+	my $owner = $masters[0];
+	my $paced = subject_on($map, $owner->port, 'pace');
+	my @waiters = map { session($node) } 1 .. 4;
+	$_->start_query(qq{DO \$\$ DECLARE d rl_decision; BEGIN FOR i IN 1 .. 20 LOOP
+		d := rl_consume('cl.pace', '$paced', 1, max_wait => '10 seconds');
+		INSERT INTO pace_grants SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint,
+			d.source || '/' || d.allowed;
+		END LOOP; END \$\$}) for @waiters;
+	usleep(1_000_000);
+	my $replica = $cluster->replica_of($owner);
+	$cluster->failover($replica);
+	note 'CLUSTER FAILOVER of ' . $owner->port . ' to ' . $replica->port . ' while 4 sessions wait';
+	$_->wait_result(120) for @waiters;
+	$_->quit for @waiters;
+	my @grants = split /\n/, $node->safe_psql('postgres',
+		q{SELECT at_ms FROM pace_grants WHERE source = 'redis/true' ORDER BY at_ms});
+	my %by = map { split /\|/ } split /\n/, $node->safe_psql('postgres',
+		q{SELECT source, count(*) FROM pace_grants GROUP BY 1});
+	note 'waits across the failover: ' . join(', ', map { "$_ $by{$_}" } sort keys %by);
+	cmp_ok(scalar @grants, '>=', 60, 'waits across a failover: most of the 80 waits granted by Redis');
+	# Never over the policy: by the k-th grant's time, at most 1 + 20 a second since the first.
+	my @over = grep { $_ + 1 > 1 + 20 * ($grants[$_] - $grants[0]) / 1000 + 1 } 0 .. $#grants;
+	is(scalar @over, 0, 'waits across a failover: never over the policy (capacity 1, 20 a second)')
+	  or diag explain [ @grants[ 0 .. 5 ] ];
+	is($cluster->master_for_slot($cluster->slot_of("{$paced}"))->port, $replica->port,
+		'the subject is on the new master now');
+}
 
 $s->quit;
 $node->stop;
