@@ -8,6 +8,9 @@
 -- A grant is remembered with its answer, and the same request again gets that answer and
 -- takes nothing. A denial is not remembered: it took nothing, so asking again charges
 -- nothing twice (and is not held to a denial until the memory expires).
+-- A booking's wait (one check: its 5th number) is remembered as the time it ends, so that a
+-- replay waits until then too. A replay marks the memory (" replayed"): the grant is in use
+-- twice, and a give-back of it (cells.lua's refund_one) then gives nothing back.
 local request = KEYS[#KEYS]
 KEYS[#KEYS] = nil
 local remember = tonumber(ARGV[#ARGV])
@@ -19,10 +22,27 @@ local stored = redis.pcall('GET', request)
 if type(stored) == 'table' then
   raise(stored, 'GET')
 end
+
+-- The numbers of reply as a stored string: whole numbers, never in exponent notation.
+local function numbers_text(reply)
+  local parts = {}
+  for i = 1, #reply do
+    parts[i] = string.format('%d', reply[i])
+  end
+  return table.concat(parts, ' ')
+end
+
 if stored then
   local reply = {}
   for number in string.gmatch(stored, '%d+') do
     reply[#reply + 1] = tonumber(number)
+  end
+  if once_numbers == 5 and (reply[5] or 0) > 0 then
+    reply[5] = math.max(reply[5] - now_ms(ARGV[1]), 0)
+  end
+  if not string.find(stored, 'replayed', 1, true) then
+    may_write('SET', request, '1', 'KEEPTTL')
+    call('SET', request, stored .. ' replayed', 'KEEPTTL')
   end
   reply[#reply + 1] = 1
   return reply
@@ -33,7 +53,14 @@ while #reply < once_numbers do
   reply[#reply + 1] = 0
 end
 if reply[1] ~= 0 then
-  call('SET', request, table.concat(reply, ' '), 'PX', remember)
+  local memory = {}
+  for i = 1, #reply do
+    memory[i] = reply[i]
+  end
+  if once_numbers == 5 and reply[5] > 0 then
+    memory[5] = now_ms(ARGV[1]) + reply[5]
+  end
+  call('SET', request, numbers_text(memory), 'PX', remember)
 end
 reply[#reply + 1] = 0
 return reply

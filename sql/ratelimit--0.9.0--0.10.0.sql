@@ -30,26 +30,36 @@ ALTER TYPE @extschema@.rl_subject_decision ADD ATTRIBUTE waited_ms bigint;
 
 -- The functions that take the new arguments are made again: an added argument with a
 -- default would make every call of the old one ambiguous. What a role was granted on the
--- old one is granted on the new one (GRANT statements kept in a setting of this session).
-SELECT pg_catalog.set_config('rl_upgrade.grants', coalesce(pg_catalog.string_agg(
-           pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s%s', n.new_signature,
-                             CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
-                                  ELSE pg_catalog.quote_ident(r.rolname) END,
-                             CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END), '; '), ''),
-       true)
-  FROM (VALUES ('@extschema@.rl_consume(text, text, bigint)', '@extschema@.rl_consume(text, text, bigint, interval, text)'),
-               ('@extschema@.rl_enforce(text, text, bigint)', '@extschema@.rl_enforce(text, text, bigint, interval, text)'),
-               ('@extschema@.rl_reserve(text, text, bigint)', '@extschema@.rl_reserve(text, text, bigint, interval, text)'),
-               ('@extschema@.rl_consume_all(text[], text[], bigint[])', '@extschema@.rl_consume_all(text[], text[], bigint[], text)'),
-               ('@extschema@.rl_consume_many(text, text[], bigint[])', '@extschema@.rl_consume_many(text, text[], bigint[], text[])'),
-               ('@extschema@.rl_acquire(text, text, text)', '@extschema@.rl_acquire(text, text, text, interval)'),
-               ('@extschema@.rl_define(text, bigint, interval, bigint, text, interval, numeric, text, text, bigint, interval)',
-                '@extschema@.rl_define(text, bigint, interval, bigint, text, interval, numeric, text, text, bigint, interval, bigint, interval)'))
-       AS n(old_signature, new_signature)
-  JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) n.old_signature::pg_catalog.regprocedure
-  CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) a
-  LEFT JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
- WHERE a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE' AND a.grantee OPERATOR(pg_catalog.<>) p.proowner;
+-- old one is granted on the new one, and a REVOKE from PUBLIC kept (statements kept in a
+-- setting of this session until the new ones exist).
+CREATE TEMPORARY TABLE rl_upgrade_functions (old_signature text, new_signature text);
+INSERT INTO rl_upgrade_functions VALUES
+    ('@extschema@.rl_consume(text, text, bigint)', '@extschema@.rl_consume(text, text, bigint, interval, text)'),
+    ('@extschema@.rl_enforce(text, text, bigint)', '@extschema@.rl_enforce(text, text, bigint, interval, text)'),
+    ('@extschema@.rl_reserve(text, text, bigint)', '@extschema@.rl_reserve(text, text, bigint, interval, text)'),
+    ('@extschema@.rl_consume_all(text[], text[], bigint[])', '@extschema@.rl_consume_all(text[], text[], bigint[], text)'),
+    ('@extschema@.rl_consume_many(text, text[], bigint[])', '@extschema@.rl_consume_many(text, text[], bigint[], text[])'),
+    ('@extschema@.rl_acquire(text, text, text)', '@extschema@.rl_acquire(text, text, text, interval)'),
+    ('@extschema@.rl_define(text, bigint, interval, bigint, text, interval, numeric, text, text, bigint, interval)',
+     '@extschema@.rl_define(text, bigint, interval, bigint, text, interval, numeric, text, text, bigint, interval, bigint, interval)');
+SELECT pg_catalog.set_config('rl_upgrade.grants', coalesce(pg_catalog.string_agg(g.statement, '; '), ''), true)
+  FROM (SELECT pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s%s', n.new_signature,
+                                 CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                                      ELSE pg_catalog.quote_ident(r.rolname) END,
+                                 CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END) AS statement
+          FROM rl_upgrade_functions n
+          JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) n.old_signature::pg_catalog.regprocedure
+         CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) a
+          LEFT JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
+         WHERE a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE' AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
+        UNION ALL
+        SELECT pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', n.new_signature)
+          FROM rl_upgrade_functions n
+          JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) n.old_signature::pg_catalog.regprocedure
+         WHERE p.proacl IS NOT NULL
+           AND NOT EXISTS (SELECT FROM pg_catalog.aclexplode(p.proacl) a
+                           WHERE a.grantee OPERATOR(pg_catalog.=) 0
+                             AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE')) g;
 
 DROP FUNCTION @extschema@.rl_consume(text, text, bigint);
 DROP FUNCTION @extschema@.rl_enforce(text, text, bigint);
@@ -175,6 +185,15 @@ REVOKE ALL ON FUNCTION @extschema@.rl_acquire(text, text, text, interval) FROM P
 COMMENT ON FUNCTION @extschema@.rl_acquire(text, text, text, interval) IS
     'take one lease of a concurrency policy (waiting up to max_wait for one), released when the transaction (or session) ends';
 
+-- The grants are the roles', not the extension's: the privileges the extension itself gave
+-- (pg_init_privs, which pg_dump leaves out) are put back as they were before them, so that a
+-- dump keeps the roles' grants as a fresh install would.
+CREATE TEMPORARY TABLE rl_upgrade_init_privs AS
+    SELECT i.objoid, i.initprivs FROM pg_catalog.pg_init_privs i
+     WHERE i.classoid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+       AND i.objsubid OPERATOR(pg_catalog.=) 0
+       AND i.objoid OPERATOR(pg_catalog.=) ANY (SELECT n.new_signature::pg_catalog.regprocedure::pg_catalog.oid
+                                                 FROM rl_upgrade_functions n);
 DO $$
 BEGIN
     IF pg_catalog.current_setting('rl_upgrade.grants') OPERATOR(pg_catalog.<>) '' THEN
@@ -182,6 +201,18 @@ BEGIN
     END IF;
 END
 $$;
+UPDATE pg_catalog.pg_init_privs i SET initprivs = b.initprivs
+  FROM rl_upgrade_init_privs b
+ WHERE i.classoid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+   AND i.objsubid OPERATOR(pg_catalog.=) 0 AND i.objoid OPERATOR(pg_catalog.=) b.objoid;
+DELETE FROM pg_catalog.pg_init_privs i
+ WHERE i.classoid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+   AND i.objsubid OPERATOR(pg_catalog.=) 0
+   AND i.objoid OPERATOR(pg_catalog.=) ANY (SELECT n.new_signature::pg_catalog.regprocedure::pg_catalog.oid
+                                             FROM rl_upgrade_functions n)
+   AND i.objoid OPERATOR(pg_catalog.<>) ALL (SELECT b.objoid FROM rl_upgrade_init_privs b);
+DROP TABLE rl_upgrade_init_privs;
+DROP TABLE rl_upgrade_functions;
 
 -- rl_stats counts replays too.
 DROP VIEW @extschema@.rl_stats;

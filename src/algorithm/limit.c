@@ -79,6 +79,22 @@ limit_books(Algorithm algorithm)
 }
 
 /*
+ * The time a take asked at at_ms and booked ahead counts at: a fixed window's
+ * booking is in the window after the one of at_ms, so its give-back, its
+ * rollback and its settle go there; a refilling algorithm's at its own time.
+ */
+int64
+limit_booked_at_ms(const LimitParams *params, int64 at_ms)
+{
+	LimitWindow window;
+
+	if (params->algorithm != ALGORITHM_FIXED_WINDOW)
+		return at_ms;
+	window_at(params, at_ms, &window);
+	return window.end_ms;
+}
+
+/*
  * Fills params from a policy row's limits: capacity, and a refill (refilling
  * algorithms) or a window (window algorithms: period, no refill_amount).
  * idle_ttl_ms 0 means the algorithm's own TTL. Returns false when the row is

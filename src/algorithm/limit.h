@@ -157,6 +157,7 @@ extern const char *limit_algorithm_name(Algorithm algorithm);
 extern bool limit_refills(Algorithm algorithm);
 extern bool limit_slices(Algorithm algorithm);
 extern bool limit_books(Algorithm algorithm);
+extern int64 limit_booked_at_ms(const LimitParams *params, int64 at_ms);
 extern bool limit_params_init(LimitParams *params, Algorithm algorithm, int64 capacity,
 							  int64 refill_amount, const Interval *period,
 							  int64 idle_ttl_ms, const char *time_zone);

@@ -150,7 +150,7 @@ decision_from_reply(const long long *results, bool slice, Decision *decision,
 
 /*
  * Reads what follows a reply's four numbers into decision (request's): a booking's
- * wait, a replay's mark (a replay waits for nothing: its first asking waited);
+ * wait (a replay's: until the turn its first asking booked), a replay's mark;
  * false, with a protocol failure, when they make no sense.
  */
 bool
@@ -160,13 +160,19 @@ ask_reply_extras(const DecisionRequest *request, const RedisCall *call, Decision
 	long long	wait = call->nresults > 4 ? call->results[4] : 0;
 	long long	replay = call->nresults > 5 ? call->results[5] : 0;
 
-	if (wait < 0 || (!replay && wait > request->max_wait_ms) || (wait > 0 && !decision->allowed) ||
+	if (wait < 0 || wait > (replay ? REQUEST_MAX_WAIT_MS : request->max_wait_ms) ||
+		(wait > 0 && !decision->allowed) ||
 		replay < 0 || replay > 1)
 		return redis_fail(failure, REDIS_FAILURE_PROTOCOL, "unexpected reply");
-	decision->wait_ms = replay ? 0 : wait;
+	decision->wait_ms = wait;
 	/* A settle's first number is what it took: all of the cost, or what the debt allowed. */
 	if (request->mode == LIMIT_OWE)
-		decision->allowed = call->results[0] == request->cost;
+	{
+		if (call->results[0] < 0 || call->results[0] > request->cost)
+			return redis_fail(failure, REDIS_FAILURE_PROTOCOL, "unexpected reply");
+		decision->settled = call->results[0];
+		decision->allowed = decision->settled == request->cost;
+	}
 	if (replay)
 		decision->source = DECISION_SOURCE_REPLAY;
 	return true;

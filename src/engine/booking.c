@@ -21,48 +21,75 @@
 #include "engine/booking.h"
 
 /*
- * Gives back every booking (a cancel came during the wait): in one round trip
- * per node, each once (its call has a mark); what Redis does not answer stays
- * booked, which can only delay later callers, never grant more. Each decision
- * becomes a denial: its wait did not end.
+ * True when an interrupt is pending that ends the statement or the session
+ * (a cancel, statement_timeout, a terminate, a client gone; PostgreSQL 17's
+ * transaction_timeout): the wait must end, and what it booked go back first.
+ */
+static bool
+wait_ending(void)
+{
+	return InterruptPending &&
+		(QueryCancelPending || ProcDiePending || ClientConnectionLost
+#if PG_VERSION_NUM >= 170000
+		 || TransactionTimeoutPending
+#endif
+		);
+}
+
+/*
+ * Gives back every booking that has a give-back (a replay booked nothing): in
+ * one round trip per node, each once (its call has a mark); what Redis does not
+ * answer stays booked, which can only delay later callers, never grant more.
+ * Each decision becomes a denial: its wait did not end.
  */
 static void
 give_back(Booking *bookings, int count, int64 left_ms)
 {
 	RedisCall  *calls = palloc(count * sizeof(RedisCall));
 	RedisFailure failure;
+	int			ncalls = 0;
 	bool		cancel = QueryCancelPending;
 	bool		die = ProcDiePending;
 
 	for (int i = 0; i < count; i++)
 	{
-		calls[i] = bookings[i].give_back;
+		if (bookings[i].give_back.script != NULL)
+			calls[ncalls++] = bookings[i].give_back;
 		bookings[i].decision->allowed = false;
 		bookings[i].decision->retry_after_ms = Max(left_ms, 1);
 		bookings[i].decision->wait_ms = 0;
 	}
+
 	/*
 	 * The cancel (or terminate) is set aside while the give-back runs: with
 	 * interrupts held, one pending would end the give-back's wait at once
 	 * (redis/socket.c). One that comes meanwhile still ends it; both are
-	 * served when interrupts resume.
+	 * served when interrupts resume, whatever the give-back raised.
 	 */
 	HOLD_INTERRUPTS();
 	QueryCancelPending = false;
 	ProcDiePending = false;
-	(void) redis_run_scripts(calls, count, 0, &failure);
-	QueryCancelPending = QueryCancelPending || cancel;
-	ProcDiePending = ProcDiePending || die;
-	InterruptPending = true;
-	RESUME_INTERRUPTS();
+	PG_TRY();
+	{
+		if (ncalls > 0)
+			(void) redis_run_scripts(calls, ncalls, 0, &failure);
+	}
+	PG_FINALLY();
+	{
+		QueryCancelPending = QueryCancelPending || cancel;
+		ProcDiePending = ProcDiePending || die;
+		InterruptPending = true;
+		RESUME_INTERRUPTS();
+	}
+	PG_END_TRY();
 	pfree(calls);
 }
 
 /*
  * Sleeps until every booking's time has come, then says in each decision how
- * long it waited. A cancel or terminate during the sleep gives the bookings
- * back and is then raised; one that is held off (it raises nothing) leaves
- * the decisions denied.
+ * long it waited. An interrupt that ends the statement or the session, during
+ * the sleep, gives the bookings back and is then raised; one that is held off
+ * (it raises nothing) leaves the decisions denied.
  */
 void
 booking_await(Booking *bookings, int count)
@@ -77,18 +104,19 @@ booking_await(Booking *bookings, int count)
 	{
 		int64		left_us = longest_us - (clock_monotonic_us() - start_us);
 
+		if (wait_ending())
+		{
+			give_back(bookings, count, (Max(left_us, 0) + 999) / 1000);
+			CHECK_FOR_INTERRUPTS();
+			return;
+		}
 		if (left_us <= 0)
 			break;
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 						 (left_us + 999) / 1000, PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);
-		if (QueryCancelPending || ProcDiePending)
-		{
-			give_back(bookings, count, (left_us + 999) / 1000);
+		if (!wait_ending())
 			CHECK_FOR_INTERRUPTS();
-			return;
-		}
-		CHECK_FOR_INTERRUPTS();
 	}
 	waited_us = clock_monotonic_us() - start_us;
 	for (int i = 0; i < count; i++)

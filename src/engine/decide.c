@@ -315,9 +315,9 @@ finish(Deciding *d, RedisCall *call, const RedisFailure *failure, int64 asked_us
 
 /*
  * After the stages, for the takes of ds[0 .. count) granted ahead of now (a
- * wait booked): waits until their time, giving them back if cancelled
- * (booking.c). A fixed window's booking is in the window after the one it was
- * asked in, and goes back there.
+ * wait booked, or the replay of one): waits until their time, giving back
+ * what this call booked if it is cancelled (booking.c). A fixed window's
+ * booking is in the window after the one it was asked in, and goes back there.
  */
 static void
 await_bookings(Deciding *ds, int count)
@@ -327,20 +327,25 @@ await_bookings(Deciding *ds, int count)
 
 	for (int i = 0; i < count; i++)
 	{
+		Decision   *decision = ds[i].decision;
 		DecisionRequest back;
 
-		if (!ds[i].decision->allowed || ds[i].decision->wait_ms == 0)
+		if (!decision->allowed || decision->wait_ms == 0)
 			continue;
 		if (bookings == NULL)
-			bookings = palloc(count * sizeof(Booking));
-		back = *ds[i].request;
-		back.mode = LIMIT_REFUND;
-		back.max_wait_ms = 0;
-		back.refund_id = clock_unique_id();
-		bookings[nbookings].decision = ds[i].decision;
-		ask_call(&back, LIMIT_REFUND, ds[i].key,
-					 ds[i].at_ms + (limit_refills(back.policy.algorithm) ? 0 : ds[i].decision->wait_ms),
-					 0, &bookings[nbookings].give_back);
+			bookings = palloc0(count * sizeof(Booking));
+		bookings[nbookings].decision = decision;
+		/* A replay booked nothing: it waits for the turn its first asking booked. */
+		if (decision->source != DECISION_SOURCE_REPLAY)
+		{
+			back = *ds[i].request;
+			back.mode = LIMIT_REFUND;
+			back.max_wait_ms = 0;
+			back.refund_id = clock_unique_id();
+			ask_call(&back, LIMIT_REFUND, ds[i].key,
+					 limit_booked_at_ms(&back.policy.bucket, ds[i].at_ms), 0,
+					 &bookings[nbookings].give_back);
+		}
 		nbookings++;
 	}
 	if (nbookings > 0)

@@ -62,8 +62,8 @@ decision_script_failed(const Policy *policy, const RedisFailure *failure, Decisi
  * Fills decision from the policy's fail mode, for when Redis could not
  * decide: 'open' allows, 'local' decides from the local bucket (key, at
  * at_ms) when one can, else (and 'closed') a denial until Redis is tried
- * again. A refund gives back nothing: only a bucket that can be reached can
- * be refunded.
+ * again. A refund gives back nothing and a settle takes nothing: only a
+ * bucket that can be reached can be refunded or owe.
  */
 void
 decision_by_fail_mode(const DecisionRequest *request, const LocalKey *key, int64 at_ms,
@@ -71,7 +71,7 @@ decision_by_fail_mode(const DecisionRequest *request, const LocalKey *key, int64
 {
 	const Policy *policy = &request->policy;
 
-	if (request->mode == LIMIT_REFUND)
+	if (request->mode == LIMIT_REFUND || request->mode == LIMIT_OWE)
 	{
 		decision->allowed = false;
 		decision->retry_after_ms = retry_after_ms;

@@ -40,6 +40,7 @@ typedef struct Decision
 	DecisionSource origin;		/* for source 'shadow': who would have denied */
 	int64		wait_ms;		/* a grant booked this far ahead: waited for before it is given */
 	int64		waited_ms;		/* how long the call waited (the waited_ms column) */
+	int64		settled;		/* a settle (LIMIT_OWE): the tokens Redis took */
 	/* Not "" when the script failed on the request's values (decision_raise_script_error). */
 	char		script_error[128];
 } Decision;

@@ -161,6 +161,9 @@ reservation_take_many(const DecisionRequest *requests, Decision *decisions, int 
 	batch_run(takes, decisions, count);
 	for (int i = 0; i < count; i++)
 	{
+		/* A booking of a fixed window is in the next window: it goes back there. */
+		if (decisions[i].wait_ms > 0)
+			takes[i].at_ms = limit_booked_at_ms(&takes[i].policy.bucket, takes[i].at_ms);
 		/* A slice's tokens came from Redis: a rollback gives them back there. */
 		if (decisions[i].allowed &&
 			(decisions[i].source == DECISION_SOURCE_REDIS ||
@@ -195,9 +198,10 @@ reservation_of_key(const LedgerEntry *entry, void *key)
  * Settles a take of cost tokens (rl_reserve's or rl_consume's) to what it
  * really cost, actual (rl_settle): less gives the difference back; more takes
  * it even beyond what the bucket holds, leaving the subject owing at most the
- * policy's max_debt (what would owe more is not taken: the decision is then a
- * denial). The latest reservation of this transaction on the bucket follows,
- * so a rollback gives back what was really taken.
+ * policy's max_debt (of a difference that would owe more, what stays within is
+ * taken, and the decision is a denial). The latest reservation of this
+ * transaction on the bucket follows what was taken, so a rollback gives back
+ * what was really taken.
  */
 void
 reservation_settle(const DecisionRequest *request, int64 cost, int64 actual,
@@ -247,8 +251,8 @@ reservation_settle(const DecisionRequest *request, int64 cost, int64 actual,
 	{
 		if (settle.mode == LIMIT_REFUND)
 			reservation->request.cost = Max(reservation->request.cost - settle.cost, 0);
-		else if (settle.mode == LIMIT_OWE && decision->allowed)
-			reservation->request.cost = Min(reservation->request.cost + settle.cost, most);
+		else if (settle.mode == LIMIT_OWE)
+			reservation->request.cost = Min(reservation->request.cost + decision->settled, most);
 	}
 	pfree(key.data);
 }

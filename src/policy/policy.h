@@ -70,11 +70,22 @@ typedef struct Policy
 
 extern int64 policy_interval_ms(Interval *interval);
 
-/* The tokens a subject of policy (a request's copy) may owe past empty: max_debt, or its capacity. */
+/*
+ * The tokens a subject of policy (a request's copy) may owe past empty:
+ * max_debt, or its capacity; never so many that capacity and debt together
+ * leave what the scripts hold exactly (the column's constraint says so for a
+ * value; NULL, the capacity, is bounded here).
+ */
 static inline int64
 policy_max_debt(const Policy *policy)
 {
-	return policy->max_debt < 0 ? policy->bucket.capacity : policy->max_debt;
+	const LimitParams *bucket = &policy->bucket;
+	int64		debt = policy->max_debt < 0 ? bucket->capacity : policy->max_debt;
+	int64		room = limit_refills(policy->algorithm) ?
+		(BUCKET_EXACT_LIMIT - 1 - bucket->capacity_units - bucket->rate) / Max(bucket->unit, 1) :
+		BUCKET_EXACT_LIMIT - 1 - bucket->capacity;
+
+	return Max(Min(debt, room), 0);
 }
 
 extern const char *policy_fail_mode_name(FailMode mode);
