@@ -38,7 +38,8 @@ $node->safe_psql(
 	  ('g', 'gcra', 2, 1, '100 ms', NULL, 'closed'),
 	  ('llm', 'token_bucket', 1000, 1000, '1 hour', 500, 'closed'),
 	  ('ids', 'token_bucket', 100, 1, '1 day', NULL, 'closed'),
-	  ('short_memory', 'token_bucket', 100, 1, '1 day', NULL, 'closed');
+	  ('short_memory', 'token_bucket', 100, 1, '1 day', NULL, 'closed'),
+	  ('huge', 'token_bucket', 300000000000000, 1, '1 ms', NULL, 'closed');
 	INSERT INTO rl_policy (name, algorithm, capacity, refill_period) VALUES
 	  ('fw', 'fixed_window', 2, '2 seconds'),
 	  ('sw', 'sliding_window', 2, '2 seconds');
@@ -179,6 +180,18 @@ cmp_ok($waited, '>=', 1500, "it waited for the window to end ($waited ms)");
 my $next = parse_decision($sessions[0]->query(decision_sql('fw', 'w', 2, 'rl_peek')));
 is($next->{allowed}, 'f', 'the next window holds the booking: 2 more do not fit');
 is($next->{remaining}, 1, 'the next window has 1 left');
+# A booking of the next window, cancelled, goes back there (not to the window it was asked in).
+$sessions[0]->query_ok(q{SELECT pg_sleep((2000 - (extract(epoch FROM clock_timestamp()) * 1000)::bigint % 2000) / 1000.0 + 0.05)});
+$sessions[0]->query_ok("SELECT rl_consume('fw', 'wc', 2)");
+$sessions[1]->start_query(waiting_take('fw', 'wc', 2, '3 seconds'));
+usleep(300_000);
+$node->safe_psql('postgres', 'SELECT pg_cancel_backend(' . $sessions[1]->pid . ')');
+$sessions[1]->wait_result;
+is(parse_decision($sessions[0]->query(decision_sql('fw', 'wc', 1, 'rl_peek')))->{allowed}, 'f',
+	'fixed window: the cancelled booking gives nothing to the window it was asked in');
+$sessions[0]->query_ok(q{SELECT pg_sleep((2000 - (extract(epoch FROM clock_timestamp()) * 1000)::bigint % 2000) / 1000.0 + 0.05)});
+is(parse_decision($sessions[0]->query(decision_sql('fw', 'wc', 2, 'rl_peek')))->{remaining}, 2,
+	'fixed window: it goes back to the next window, which is whole again');
 
 #
 # 6. Redis silent during a call: the fail mode at the deadline, not a wait. A waiter
@@ -234,6 +247,8 @@ $s->query_ok("BEGIN; SELECT rl_reserve('llm', 'down_commit', 100); SELECT rl_set
 is(llm_remaining('down_commit'), 960, 'settled down to 40 and committed: 40 taken');
 $s->query_ok("BEGIN; SELECT rl_reserve('llm', 'down_rollback', 100); SELECT rl_settle('llm', 'down_rollback', 100, 40); ROLLBACK");
 is(llm_remaining('down_rollback'), 1000, 'settled down to 40 and rolled back: all given back');
+$s->query_ok("BEGIN; SELECT rl_reserve('llm', 'part_rollback', 1000); SELECT rl_settle('llm', 'part_rollback', 1000, 2000); ROLLBACK");
+is(llm_remaining('part_rollback'), 1000, 'settled up beyond max_debt (500 of 1,000 taken) and rolled back: all given back');
 # A take (rl_consume) settled up beyond empty: the subject owes, later callers wait it out.
 $s->query_ok("SELECT rl_consume('llm', 'debt', 1000)");
 my $settle = parse_decision($s->query(
@@ -291,6 +306,28 @@ $s->query_ok("SELECT rl_consume('short_memory', 'm', 1, request_id => 'r')");
 usleep(400_000);
 my (undef, $late) = split /\|/, $s->query("SELECT allowed, source FROM rl_consume('short_memory', 'm', 1, request_id => 'r')");
 is($late, 'redis', 'after replay_window the same id is a new request');
+my @huge = map { scalar $s->query("SELECT source, remaining FROM rl_consume('huge', 'h', 1, request_id => 'big')") } 1 .. 2;
+is_deeply(\@huge, [ 'redis|299999999999999', 'replay|299999999999999' ], 'a replay answers numbers past 10^14 exactly');
+# A replay during the first asking's wait waits for the same turn; a grant in use by a
+# replay is not given back when the first asking is cancelled.
+$s->query_ok("SELECT rl_consume('slow', 'rw', 1)");
+$sessions[1]->start_query("SELECT allowed, waited_ms FROM rl_consume('slow', 'rw', 1, max_wait => '5 seconds', request_id => 'w1')");
+usleep(200_000);
+my ($replay_allowed, $replay_waited, $replay_source) = split /\|/, $sessions[2]->query(
+	"SELECT allowed, waited_ms, source FROM rl_consume('slow', 'rw', 1, max_wait => '5 seconds', request_id => 'w1')");
+is("$replay_allowed/$replay_source", 't/replay', 'a replay during the wait is a replay');
+cmp_ok($replay_waited, '>=', 600, "and waits for the booked turn too ($replay_waited ms)");
+$sessions[1]->wait_result;
+$s->query_ok("SELECT rl_consume('slow', 'rc', 1)");
+$sessions[1]->start_query("SELECT allowed FROM rl_consume('slow', 'rc', 1, max_wait => '5 seconds', request_id => 'w2')");
+usleep(200_000);
+$sessions[2]->start_query("SELECT allowed FROM rl_consume('slow', 'rc', 1, max_wait => '5 seconds', request_id => 'w2')");
+usleep(200_000);
+$node->safe_psql('postgres', 'SELECT pg_cancel_backend(' . $sessions[1]->pid . ')');
+$sessions[1]->wait_result;
+is($sessions[2]->wait_result, 't', 'the replay keeps its grant when the first asking is cancelled');
+cmp_ok(parse_decision($s->query(decision_sql('slow', 'rc', 1, 'rl_peek')))->{retry_after_ms}, '>', 0,
+	'and the grant in use is not given back');
 ($out, $err) = $s->query("SELECT rl_consume('ids', 'x', 1, request_id => '')");
 like($err, qr/22023/, 'an empty request_id is refused with 22023');
 my $keys = $redis->cli('--scan', '--pattern', '*request*');
