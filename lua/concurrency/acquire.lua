@@ -1,7 +1,26 @@
--- concurrency/acquire.lua: takes one lease when fewer than capacity are held
--- (rl_acquire). The lease is the first write, so that under OOM it is refused with
--- nothing written.
-if held >= capacity then
+-- concurrency/acquire.lua: takes one lease when fewer than capacity are held (rl_acquire),
+-- and, with the queue, when no waiter is ahead of this one (common.lua). A waiter that is
+-- not served yet keeps its place (its ticket renewed). The lease is the first write to the
+-- lease set, so that under OOM it is refused with nothing taken.
+queue_may()
+local waiting = queue_length(true)
+local ahead = waiting
+local rank = nil
+if ticket ~= '' then
+  rank = call('ZRANK', queue, ticket)
+  if rank then
+    ahead = rank
+  end
+end
+if held + ahead >= capacity then
+  if ticket ~= '' then
+    if not rank then
+      call('ZADD', queue, now, ticket)
+    end
+    call('HSET', alive, ticket, now + ticket_ttl)
+    call('PEXPIRE', queue, ticket_ttl * 2)
+    call('PEXPIRE', alive, ticket_ttl * 2)
+  end
   return lease_reply(0, held, true)
 end
 local expiry = now + ttl
@@ -9,6 +28,10 @@ may_write('ZADD', key, expiry, id)
 may_write('ZREM', key, id)
 may_write('PEXPIRE', key, ttl)
 call('ZADD', key, expiry, id)
+if rank then
+  call('ZREM', queue, ticket)
+  call('HDEL', alive, ticket)
+end
 trim_expired()
 -- The set lives as long as its longest lease, even one taken under a longer TTL.
 local longest = call('ZRANGE', key, -1, -1, 'WITHSCORES')

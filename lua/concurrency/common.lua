@@ -8,18 +8,30 @@
 -- O(log N), and a write removes at most TRIM_MOST expired leases, so no call's work grows
 -- with the set (Redis serves everyone else meanwhile).
 --
--- KEYS[1]  the lease set
+-- Waiters (rl_acquire's max_wait) queue in arrival order: a sorted set of tickets scored
+-- by arrival (KEYS[2]) and a hash of each ticket's expiry (KEYS[3]), which each try
+-- renews; a ticket not renewed in time (a waiter gone) leaves the queue when it reaches
+-- its front. A lease goes to a ticket only when fewer tickets are ahead of it than leases
+-- are free, and to a take without a ticket only when more are free than tickets wait.
+--
+-- KEYS[1]  the lease set; then, with the queue, KEYS[2] its tickets and KEYS[3] their expiries
 -- ARGV     "now" in ms for tests (empty: Redis TIME), capacity (leases), lease TTL in
---          ms, the lease id (empty for a peek)
+--          ms, the lease id (empty for a peek); with the queue, the waiter's ticket (empty:
+--          none) and how long a ticket lives unrenewed, in ms
 -- Replies {allowed (acquired, released, or would acquire: 0|1), free leases after this,
 --          retry_after_ms (until the soonest lease expires, when none is free),
 --          reset_after_ms (until every lease held now has expired)}.
-expect_args(4)
+if #ARGV ~= 4 then
+  expect_args(6)
+end
 local key = KEYS[1]
 local now = now_ms(ARGV[1])
 local capacity = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
 local id = ARGV[4]
+local queue, alive = KEYS[2], KEYS[3]
+local ticket = ARGV[5] or ''
+local ticket_ttl = tonumber(ARGV[6] or '0')
 -- Leases scored at or before now have expired: "(now" is the first live score.
 local live = string.format('(%d', now)
 local expired = string.format('%d', now)
@@ -53,5 +65,46 @@ local function trim_expired()
   local gone = call('ZRANGEBYSCORE', key, '-inf', expired, 'LIMIT', 0, TRIM_MOST)
   if #gone > 0 then
     call('ZREM', key, unpack(gone))
+  end
+end
+
+-- The most tickets one call looks at, at the front of the queue, to drop those gone.
+local QUEUE_FRONT = 32
+
+-- Drops the tickets at the queue's front whose waiters have gone (not renewed in time);
+-- answers how many tickets wait then (0 without a queue). With writes false (a peek),
+-- drops nothing and counts every ticket.
+local function queue_length(writes)
+  if queue == nil then
+    return 0
+  end
+  if writes then
+    local front = call('ZRANGE', queue, 0, QUEUE_FRONT - 1)
+    if #front > 0 then
+      local expiries = call('HMGET', alive, unpack(front))
+      local gone = {}
+      for i = 1, #front do
+        if not expiries[i] or tonumber(expiries[i]) <= now then
+          gone[#gone + 1] = front[i]
+        end
+      end
+      if #gone > 0 then
+        call('ZREM', queue, unpack(gone))
+        call('HDEL', alive, unpack(gone))
+      end
+    end
+  end
+  return call('ZCARD', queue)
+end
+
+-- Before the first write: that the queue's writes may run.
+local function queue_may()
+  if queue ~= nil then
+    may_write('ZADD', queue, 0, 'x')
+    may_write('ZREM', queue, 'x')
+    may_write('HSET', alive, 'x', 0)
+    may_write('HDEL', alive, 'x')
+    may_write('PEXPIRE', queue, 1)
+    may_write('PEXPIRE', alive, 1)
   end
 end

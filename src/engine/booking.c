@@ -25,8 +25,8 @@
  * (a cancel, statement_timeout, a terminate, a client gone; PostgreSQL 17's
  * transaction_timeout): the wait must end, and what it booked go back first.
  */
-static bool
-wait_ending(void)
+bool
+booking_wait_ending(void)
 {
 	return InterruptPending &&
 		(QueryCancelPending || ProcDiePending || ClientConnectionLost
@@ -34,6 +34,47 @@ wait_ending(void)
 		 || TransactionTimeoutPending
 #endif
 		);
+}
+
+/* Puts back the cancel and terminate set aside (and any that came since), and resumes interrupts. */
+static void
+restore_interrupts(bool cancel, bool die)
+{
+	QueryCancelPending = QueryCancelPending || cancel;
+	ProcDiePending = ProcDiePending || die;
+	InterruptPending = true;
+	RESUME_INTERRUPTS();
+}
+
+/*
+ * Runs calls although an interrupt that ends the statement may be pending (a
+ * give-back because of it): the cancel (or terminate) is set aside while they
+ * run, since with interrupts held one pending would end their wait at once
+ * (redis/socket.c). One that comes meanwhile still ends it; both are served
+ * when interrupts resume, whatever the calls raised. Each call keeps its own
+ * deadline.
+ */
+void
+booking_run_despite_interrupts(RedisCall *calls, int count)
+{
+	RedisFailure failure;
+	bool		cancel = QueryCancelPending;
+	bool		die = ProcDiePending;
+
+	HOLD_INTERRUPTS();
+	QueryCancelPending = false;
+	ProcDiePending = false;
+	PG_TRY();
+	{
+		(void) redis_run_scripts(calls, count, 0, &failure);
+	}
+	PG_CATCH();
+	{
+		restore_interrupts(cancel, die);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	restore_interrupts(cancel, die);
 }
 
 /*
@@ -46,10 +87,7 @@ static void
 give_back(Booking *bookings, int count, int64 left_ms)
 {
 	RedisCall  *calls = palloc(count * sizeof(RedisCall));
-	RedisFailure failure;
 	int			ncalls = 0;
-	bool		cancel = QueryCancelPending;
-	bool		die = ProcDiePending;
 
 	for (int i = 0; i < count; i++)
 	{
@@ -60,28 +98,8 @@ give_back(Booking *bookings, int count, int64 left_ms)
 		bookings[i].decision->wait_ms = 0;
 	}
 
-	/*
-	 * The cancel (or terminate) is set aside while the give-back runs: with
-	 * interrupts held, one pending would end the give-back's wait at once
-	 * (redis/socket.c). One that comes meanwhile still ends it; both are
-	 * served when interrupts resume, whatever the give-back raised.
-	 */
-	HOLD_INTERRUPTS();
-	QueryCancelPending = false;
-	ProcDiePending = false;
-	PG_TRY();
-	{
-		if (ncalls > 0)
-			(void) redis_run_scripts(calls, ncalls, 0, &failure);
-	}
-	PG_FINALLY();
-	{
-		QueryCancelPending = QueryCancelPending || cancel;
-		ProcDiePending = ProcDiePending || die;
-		InterruptPending = true;
-		RESUME_INTERRUPTS();
-	}
-	PG_END_TRY();
+	if (ncalls > 0)
+		booking_run_despite_interrupts(calls, ncalls);
 	pfree(calls);
 }
 
@@ -104,7 +122,7 @@ booking_await(Booking *bookings, int count)
 	{
 		int64		left_us = longest_us - (clock_monotonic_us() - start_us);
 
-		if (wait_ending())
+		if (booking_wait_ending())
 		{
 			give_back(bookings, count, (Max(left_us, 0) + 999) / 1000);
 			CHECK_FOR_INTERRUPTS();
@@ -115,7 +133,7 @@ booking_await(Booking *bookings, int count)
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 						 (left_us + 999) / 1000, PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);
-		if (!wait_ending())
+		if (!booking_wait_ending())
 			CHECK_FOR_INTERRUPTS();
 	}
 	waited_us = clock_monotonic_us() - start_us;

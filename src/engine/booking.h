@@ -15,6 +15,8 @@ typedef struct Booking
 	RedisCall	give_back;		/* its cost back to its bucket, its request id forgotten */
 } Booking;
 
+extern bool booking_wait_ending(void);
+extern void booking_run_despite_interrupts(RedisCall *calls, int count);
 extern void booking_await(Booking *bookings, int count);
 
 #endif							/* RL_BOOKING_H */

@@ -28,6 +28,7 @@
 
 #include "algorithm/concurrency.h"
 #include "base/clock.h"
+#include "engine/booking.h"
 #include "engine/decide.h"
 #include "engine/lease.h"
 #include "engine/ledger.h"
@@ -37,6 +38,8 @@
 
 /* The longest pause between two tries of a lease wait. */
 #define LEASE_WAIT_MAX_PAUSE_MS 100
+/* How long a waiter's place in the queue lives without a try renewing it (a waiter gone). */
+#define LEASE_TICKET_TTL_MS 3000
 
 typedef struct Lease
 {
@@ -54,19 +57,23 @@ typedef struct LeaseCall
 	Decision   *decision;
 } LeaseCall;
 
-/* Fills call with operation's script on key for lease id ("" for a peek), in the current context. */
+/*
+ * Fills call with operation's script on key for lease id ("" for a peek) and
+ * a waiter's ticket ("" for none), in the current context.
+ */
 static void
 lease_script_call(LeaseOperation operation, const Policy *policy, const char *key, const char *id,
-				  RedisCall *call)
+				  const char *ticket, RedisCall *call)
 {
-	const char **keys = palloc(sizeof(char *));
+	const char **keys = palloc(CONCURRENCY_KEYS * sizeof(char *));
 	const char **args = palloc(CONCURRENCY_ARGS * sizeof(char *));
 
-	keys[0] = key;
-	concurrency_args(policy->bucket.capacity, policy->bucket.ttl_ms, id, args);
+	concurrency_keys(key, keys);
+	concurrency_args(policy->bucket.capacity, policy->bucket.ttl_ms, id, ticket,
+					 LEASE_TICKET_TTL_MS, args);
 	memset(call, 0, sizeof(*call));
 	call->script = concurrency_script(operation);
-	call->nkeys = 1;
+	call->nkeys = CONCURRENCY_KEYS;
 	call->keys = keys;
 	call->nargs = CONCURRENCY_ARGS;
 	call->args = args;
@@ -93,13 +100,14 @@ lease_call_redis(LeaseCall *lease, RedisFailure *failure)
  */
 static bool
 lease_call(LeaseOperation operation, const Policy *policy, const char *key, const char *id,
+		   const char *ticket,
 		   Decision *decision, bool *unsure)
 {
 	LeaseCall	call = {.decision = decision};
 	RedisFailure failure;
 	bool		answered;
 
-	lease_script_call(operation, policy, key, id, &call.call);
+	lease_script_call(operation, policy, key, id, ticket, &call.call);
 	answered = lease_call_redis(&call, &failure);
 	engine_observe_redis(policy, answered, &failure, call.call.round_trip_us);
 	/* The script failed on the request's own values: an error, never a fail mode. */
@@ -125,7 +133,7 @@ lease_prepare_call(LedgerEntry *entry, RedisCall *call)
 {
 	Lease	   *lease = (Lease *) entry;
 
-	lease_script_call(LEASE_RELEASE, &lease->policy, lease->key, lease->id, call);
+	lease_script_call(LEASE_RELEASE, &lease->policy, lease->key, lease->id, "", call);
 }
 
 static const char *
@@ -195,7 +203,7 @@ lease_peek(const DecisionRequest *request, Decision *decision)
 	{
 		char	   *key = lease_key(request);
 
-		if (!lease_call(LEASE_PEEK, &request->policy, key, "", decision, NULL))
+		if (!lease_call(LEASE_PEEK, &request->policy, key, "", "", decision, NULL))
 			lease_fail_mode(request, decision);
 		pfree(key);
 	}
@@ -215,11 +223,11 @@ lease_check_policy(const Policy *policy)
 }
 
 /*
- * One try at a lease (see lease_acquire): true when Redis answered that none
- * is free.
+ * One try at a lease (see lease_acquire), with a waiter's ticket ("" for a
+ * take that does not wait): true when Redis answered that none is free for it.
  */
 static bool
-lease_try(const DecisionRequest *request, bool session, Decision *decision)
+lease_try(const DecisionRequest *request, bool session, const char *ticket, Decision *decision)
 {
 	Lease	   *lease;
 	char	   *id;
@@ -241,7 +249,7 @@ lease_try(const DecisionRequest *request, bool session, Decision *decision)
 	lease->policy = request->policy;
 	MemoryContextSwitchTo(old_context);
 
-	if (!lease_call(LEASE_ACQUIRE, &request->policy, lease->key, lease->id, decision,
+	if (!lease_call(LEASE_ACQUIRE, &request->policy, lease->key, lease->id, ticket, decision,
 					&unsure))
 	{
 		lease_fail_mode(request, decision);
@@ -256,13 +264,31 @@ lease_try(const DecisionRequest *request, bool session, Decision *decision)
 }
 
 /*
+ * Takes a waiter's ticket out of the queue (its wait ended without a lease):
+ * those behind it move up at once. With interrupts set aside (a cancel is
+ * why it leaves, often); what Redis does not answer leaves when its ticket,
+ * no longer renewed, expires.
+ */
+static void
+lease_leave(const DecisionRequest *request, const char *ticket)
+{
+	RedisCall	call;
+	char	   *key = lease_key(request);
+
+	lease_script_call(LEASE_LEAVE, &request->policy, key, "", ticket, &call);
+	booking_run_despite_interrupts(&call, 1);
+	pfree(key);
+}
+
+/*
  * Takes one lease for a checked request of a concurrency policy (see
  * lease_check_policy), released when the transaction (or, with session, the
- * session) ends. With max_wait_ms, while Redis answers that none is free,
- * tries again until one is or max_wait_ms has passed: a release is announced
- * nowhere, so the waiter looks again after 10 ms, then twice as long each
- * time up to LEASE_WAIT_MAX_PAUSE_MS (a cancel ends the wait at once;
- * nothing is held meanwhile).
+ * session) ends. With max_wait_ms, while Redis answers that none is free, the
+ * waiter keeps a place in the subject's queue (a ticket, in arrival order:
+ * lua/concurrency/common.lua) and tries again until the lease is its or
+ * max_wait_ms has passed: a release is announced nowhere, so it looks again
+ * after 10 ms, then twice as long each time up to LEASE_WAIT_MAX_PAUSE_MS.
+ * A wait that ends without a lease (max_wait, a cancel) leaves the queue.
  */
 void
 lease_acquire(const DecisionRequest *request, bool session, int64 max_wait_ms,
@@ -270,6 +296,7 @@ lease_acquire(const DecisionRequest *request, bool session, int64 max_wait_ms,
 {
 	int64		start_us = clock_monotonic_us();
 	int64		pause_ms = 10;
+	char	   *ticket = max_wait_ms > 0 ? clock_unique_id() : "";
 
 	/* A disabled policy or an 'allow' or 'deny' subject takes no lease. */
 	decision_init(&request->policy, decision);
@@ -279,15 +306,25 @@ lease_acquire(const DecisionRequest *request, bool session, int64 max_wait_ms,
 		engine_observe_decision(request, decision, 1);
 		return;
 	}
-	while (lease_try(request, session, decision))
+	while (lease_try(request, session, ticket, decision))
 	{
 		int64		left_ms = max_wait_ms - (clock_monotonic_us() - start_us) / 1000;
 
 		if (left_ms <= 0)
+		{
+			if (max_wait_ms > 0)
+				lease_leave(request, ticket);
 			break;
+		}
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 						 Min(pause_ms, left_ms), PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);
+		if (booking_wait_ending())
+		{
+			lease_leave(request, ticket);
+			CHECK_FOR_INTERRUPTS();
+			break;
+		}
 		CHECK_FOR_INTERRUPTS();
 		pause_ms = Min(pause_ms * 2, LEASE_WAIT_MAX_PAUSE_MS);
 	}
@@ -333,7 +370,7 @@ lease_release(const DecisionRequest *request)
 	found = (Lease *) ledger_find_last(lease_matches, &match);
 	if (found != NULL)
 	{
-		answered = lease_call(LEASE_RELEASE, &found->policy, found->key, found->id,
+		answered = lease_call(LEASE_RELEASE, &found->policy, found->key, found->id, "",
 							  &decision, NULL);
 		if (answered)
 			ledger_forget(&found->entry);

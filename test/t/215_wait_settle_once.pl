@@ -229,6 +229,30 @@ $holder->query_ok('COMMIT');
 my ($lease_allowed, $lease_waited) = split /\|/, $sessions[4]->wait_result;
 is($lease_allowed, 't', 'a lease waiter gets the lease once it is released');
 cmp_ok($lease_waited, '>=', 400, "it waited for the release ($lease_waited ms)");
+# Lease waiters are served in arrival order: five queue behind a holder; each keeps its lease
+# 100 ms. One that gives up (max_wait) or is cancelled leaves the queue at once.
+$holder->query_ok("BEGIN; SELECT rl_acquire('lease', 'fifo')");
+# Arrival order: 5, 6, then 10 (gives up after 150 ms) and 11 (cancelled), then 7, 8, 9.
+foreach my $i (5, 6, 10, 11, 7, 8, 9)
+{
+	my $wait = $i == 10 ? '150 ms' : '10 seconds';
+	$sessions[$i]->start_query($i >= 10 ? qq{SELECT allowed FROM rl_acquire('lease', 'fifo', max_wait => '$wait')}
+		: q{BEGIN; SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint }
+		  . q{FROM rl_acquire('lease', 'fifo', max_wait => '10 seconds') WHERE allowed; SELECT pg_sleep(0.1); COMMIT});
+	usleep(30_000);
+}
+usleep(300_000);
+is($sessions[10]->wait_result, 'f', 'a lease waiter whose max_wait ends first is denied');
+$node->safe_psql('postgres', 'SELECT pg_cancel_backend(' . $sessions[11]->pid . ')');
+$sessions[11]->wait_result;
+my $released_at = time;
+$holder->query_ok('COMMIT');
+my @lease_order = map { scalar $sessions[$_]->wait_result } 5 .. 9;
+my @lease_times = map { (split /\n/)[0] } @lease_order;
+is_deeply([ sort { $a <=> $b } @lease_times ], \@lease_times, "lease waiters are served in arrival order (@lease_times)");
+cmp_ok($lease_times[-1] / 1000 - $released_at, '<', 2.0,
+	sprintf('the waiters that left (one timed out, one cancelled) hold no one up: the last served %.2f s after the release',
+		$lease_times[-1] / 1000 - $released_at));
 $holder->query_ok("BEGIN; SELECT rl_acquire('lease', 'l2')");
 ($lease_allowed, $lease_waited) = split /\|/, $sessions[4]->query(
 	"SELECT allowed, waited_ms FROM rl_acquire('lease', 'l2', max_wait => '200 ms')");
