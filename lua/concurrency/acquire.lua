@@ -5,19 +5,19 @@
 queue_may()
 local waiting = queue_length(true)
 local ahead = waiting
-local rank = nil
+local arrival = nil
 if ticket ~= '' then
-  rank = call('ZRANK', queue, ticket)
-  if rank then
-    ahead = rank
+  arrival = call('ZSCORE', queue, ticket)
+  if arrival then
+    ahead = queue_ahead(arrival)
   end
 end
 if held + ahead >= capacity then
   if ticket ~= '' then
-    if not rank then
+    if not arrival then
       call('ZADD', queue, now, ticket)
     end
-    call('HSET', alive, ticket, now + ticket_ttl)
+    call('ZADD', alive, now + ticket_ttl, ticket)
     call('PEXPIRE', queue, ticket_ttl * 2)
     call('PEXPIRE', alive, ticket_ttl * 2)
   end
@@ -28,9 +28,9 @@ may_write('ZADD', key, expiry, id)
 may_write('ZREM', key, id)
 may_write('PEXPIRE', key, ttl)
 call('ZADD', key, expiry, id)
-if rank then
+if arrival then
   call('ZREM', queue, ticket)
-  call('HDEL', alive, ticket)
+  call('ZREM', alive, ticket)
 end
 trim_expired()
 -- The set lives as long as its longest lease, even one taken under a longer TTL.

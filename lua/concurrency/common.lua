@@ -9,9 +9,8 @@
 -- with the set (Redis serves everyone else meanwhile).
 --
 -- Waiters (rl_acquire's max_wait) queue in arrival order: a sorted set of tickets scored
--- by arrival (KEYS[2]) and a hash of each ticket's expiry (KEYS[3]), which each try
--- renews; a ticket not renewed in time (a waiter gone) leaves the queue when it reaches
--- its front. A lease goes to a ticket only when fewer tickets are ahead of it than leases
+-- by arrival (KEYS[2]) and one scored by expiry (KEYS[3]), which each try renews; a ticket
+-- not renewed in time (a waiter gone) is dropped by the next calls. A lease goes to a ticket only when fewer tickets are ahead of it than leases
 -- are free, and to a take without a ticket only when more are free than tickets wait.
 --
 -- KEYS[1]  the lease set; then, with the queue, KEYS[2] its tickets and KEYS[3] their expiries
@@ -68,33 +67,32 @@ local function trim_expired()
   end
 end
 
--- The most tickets one call looks at, at the front of the queue, to drop those gone.
-local QUEUE_FRONT = 32
+-- The most gone tickets one call drops: more than a call adds, so they never pile up.
+local QUEUE_TRIM_MOST = 32
 
--- Drops the tickets at the queue's front whose waiters have gone (not renewed in time);
--- answers how many tickets wait then (0 without a queue). With writes false (a peek),
--- drops nothing and counts every ticket.
+-- Drops tickets whose waiters have gone (not renewed in time), at most QUEUE_TRIM_MOST of
+-- them; answers how many tickets wait then (0 without a queue). With writes false (a peek),
+-- drops nothing and counts the tickets still alive. (Only the commands the lease set needs:
+-- the Redis user of docs/operations.md may run them.)
 local function queue_length(writes)
   if queue == nil then
     return 0
   end
+  local now_text = string.format('%d', now)
   if writes then
-    local front = call('ZRANGE', queue, 0, QUEUE_FRONT - 1)
-    if #front > 0 then
-      local expiries = call('HMGET', alive, unpack(front))
-      local gone = {}
-      for i = 1, #front do
-        if not expiries[i] or tonumber(expiries[i]) <= now then
-          gone[#gone + 1] = front[i]
-        end
-      end
-      if #gone > 0 then
-        call('ZREM', queue, unpack(gone))
-        call('HDEL', alive, unpack(gone))
-      end
+    local gone = call('ZRANGEBYSCORE', alive, '-inf', now_text, 'LIMIT', 0, QUEUE_TRIM_MOST)
+    if #gone > 0 then
+      call('ZREM', queue, unpack(gone))
+      call('ZREM', alive, unpack(gone))
     end
+    return call('ZCOUNT', queue, '-inf', '+inf')
   end
-  return call('ZCARD', queue)
+  return call('ZCOUNT', alive, '(' .. now_text, '+inf')
+end
+
+-- The tickets that arrived before ticket (which waits: its arrival is its score).
+local function queue_ahead(arrival)
+  return call('ZCOUNT', queue, '-inf', '(' .. arrival)
 end
 
 -- Before the first write: that the queue's writes may run.
@@ -102,8 +100,8 @@ local function queue_may()
   if queue ~= nil then
     may_write('ZADD', queue, 0, 'x')
     may_write('ZREM', queue, 'x')
-    may_write('HSET', alive, 'x', 0)
-    may_write('HDEL', alive, 'x')
+    may_write('ZADD', alive, 0, 'x')
+    may_write('ZREM', alive, 'x')
     may_write('PEXPIRE', queue, 1)
     may_write('PEXPIRE', alive, 1)
   end

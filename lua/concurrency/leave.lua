@@ -8,6 +8,6 @@ if ticket ~= '' and call('ZREM', queue, ticket) == 1 then
   left = 1
 end
 if ticket ~= '' then
-  call('HDEL', alive, ticket)
+  call('ZREM', alive, ticket)
 end
 return lease_reply(left, held, false)

@@ -38,7 +38,7 @@ for my $name (
 	gcra/take_one gcra/peek gcra/refund gcra/slice fixed_window/take_one fixed_window/peek
 	fixed_window/refund fixed_window/slice sliding_window/take sliding_window/peek
 	sliding_window/refund sliding_log/take sliding_log/peek sliding_log/refund
-	concurrency/acquire concurrency/release concurrency/peek group reset
+	concurrency/acquire concurrency/release concurrency/peek concurrency/leave group reset
 	token_bucket/book token_bucket/owe gcra/book gcra/owe fixed_window/book fixed_window/owe
 	token_bucket/take_one+once token_bucket/book+once sliding_log/take+once group+once))
 {
@@ -363,6 +363,31 @@ subtest 'concurrency: 100,000 leases' => sub {
 	bounded('concurrency peek, 100,000 live (all held)', prepare => copies('tpl:live', 'c'),
 		script => 'concurrency/peek', keys => ['c'], args => [ $T0, $leases, $ttl, '' ],
 		want => qr/^\{0, 0, \d+, \d+\}$/);
+	# The queue of waiters (0.10.0): 100,000 tickets waiting, or gone (their waiters died).
+	for ([ 'tpl:alive', $T0 + 3_000 ], [ 'tpl:gone', $T0 - 3_000 ])
+	{
+		my ($key, $expiry) = @$_;
+		my @ids = map { sprintf('t%031x', $_) } 1 .. $leases;
+		$db->pipeline(map { [ 'ZADD', 'tpl:queue', map { ($T0 - $leases + $_, $ids[$_ - 1]) } $_ .. $_ + 999 ] }
+			  grep { $_ % 1000 == 1 } 1 .. $leases) if $key eq 'tpl:alive';
+		$db->pipeline(map { [ 'ZADD', $key, map { ($expiry + $_, $ids[$_ - 1]) } $_ .. $_ + 999 ] }
+			  grep { $_ % 1000 == 1 } 1 .. $leases);
+	}
+	my @queue = ('c', 'c:queue', 'c:queue:alive');
+	bounded('concurrency acquire, a waiter behind 100,000 waiting',
+		prepare => sub { copies('tpl:live', 'c')->(); copies('tpl:queue', 'c:queue')->(); copies('tpl:alive', 'c:queue:alive')->() },
+		setup => sub { $db->command('ZREM', 'c:queue', 'new'); $db->command('ZREM', 'c:queue:alive', 'new') },
+		script => 'concurrency/acquire', keys => \@queue, args => [ $T0, 2 * $leases, $ttl, 'new', 'new', 3000 ],
+		want => qr/^\{0, ${\($leases)}, \d+, \d+\}$/);
+	bounded('concurrency acquire, 100,000 waiters gone (32 dropped)',
+		prepare => sub { copies('tpl:live', 'c')->(); copies('tpl:queue', 'c:queue')->(); copies('tpl:gone', 'c:queue:alive')->() },
+		script => 'concurrency/acquire', keys => \@queue, args => [ $T0, 2 * $leases, $ttl, 'new', 'new', 3000 ],
+		want => qr/^\{[01], \d+, \d+, \d+\}$/);
+	bounded('concurrency leave, behind 100,000 waiting',
+		prepare => sub { copies('tpl:live', 'c')->(); copies('tpl:queue', 'c:queue')->(); copies('tpl:alive', 'c:queue:alive')->() },
+		setup => sub { $db->command('ZADD', 'c:queue', $T0, 'new'); $db->command('ZADD', 'c:queue:alive', $T0 + 3000, 'new') },
+		script => 'concurrency/leave', keys => \@queue, args => [ $T0, 2 * $leases, $ttl, '', 'new', 3000 ],
+		want => qr/^\{1, /);
 	bounded('reset of 100,000 leases', setup => copies('tpl:live', 'c'), script => 'reset',
 		keys => ['c'], args => [], want => qr/^\{1\}$/);
 };
