@@ -31,6 +31,9 @@ local id = ARGV[4]
 local queue, alive = KEYS[2], KEYS[3]
 local ticket = ARGV[5] or ''
 local ticket_ttl = tonumber(ARGV[6] or '0')
+if ticket ~= '' and (alive == nil or not is_exact(ticket_ttl) or ticket_ttl < 1) then
+  error({err = 'ERR ratelimit lease ticket without its queue or its lifetime'})
+end
 -- Leases scored at or before now have expired: "(now" is the first live score.
 local live = string.format('(%d', now)
 local expired = string.format('%d', now)
@@ -70,29 +73,38 @@ end
 -- The most gone tickets one call drops: more than a call adds, so they never pile up.
 local QUEUE_TRIM_MOST = 32
 
--- Drops tickets whose waiters have gone (not renewed in time), at most QUEUE_TRIM_MOST of
--- them; answers how many tickets wait then (0 without a queue). With writes false (a peek),
--- drops nothing and counts the tickets still alive. (Only the commands the lease set needs:
--- the Redis user of docs/operations.md may run them.)
-local function queue_length(writes)
+-- How many tickets wait (their waiters not gone: renewed in time), read without a write, so
+-- that a lease is still the first write of acquire (0 without a queue).
+local function queue_length()
   if queue == nil then
     return 0
   end
-  local now_text = string.format('%d', now)
-  if writes then
-    local gone = call('ZRANGEBYSCORE', alive, '-inf', now_text, 'LIMIT', 0, QUEUE_TRIM_MOST)
-    if #gone > 0 then
-      call('ZREM', queue, unpack(gone))
-      call('ZREM', alive, unpack(gone))
-    end
-    return call('ZCOUNT', queue, '-inf', '+inf')
-  end
-  return call('ZCOUNT', alive, '(' .. now_text, '+inf')
+  return call('ZCOUNT', alive, '(' .. string.format('%d', now), '+inf')
 end
 
--- The tickets that arrived before ticket (which waits: its arrival is its score).
+-- The tickets that arrived before one that arrived at arrival (ZSCORE's text), gone ones
+-- among them until they are dropped.
 local function queue_ahead(arrival)
   return call('ZCOUNT', queue, '-inf', '(' .. arrival)
+end
+
+-- Drops tickets whose waiters have gone (not renewed in time), at most QUEUE_TRIM_MOST of
+-- them, and a ticket at the front that has no expiry (one set lost without the other: it
+-- would hold the queue for ever). Writes only: after a call's first write. (Only the
+-- commands the lease set needs: the Redis user of docs/operations.md may run them.)
+local function queue_trim()
+  if queue == nil then
+    return
+  end
+  local gone = call('ZRANGEBYSCORE', alive, '-inf', string.format('%d', now), 'LIMIT', 0, QUEUE_TRIM_MOST)
+  if #gone > 0 then
+    call('ZREM', queue, unpack(gone))
+    call('ZREM', alive, unpack(gone))
+  end
+  local front = call('ZRANGE', queue, 0, 0)
+  if #front > 0 and not call('ZSCORE', alive, front[1]) then
+    call('ZREM', queue, front[1])
+  end
 end
 
 -- Before the first write: that the queue's writes may run.

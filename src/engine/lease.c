@@ -281,6 +281,36 @@ lease_leave(const DecisionRequest *request, const char *ticket)
 }
 
 /*
+ * Tries for a lease until one is had or max_wait_ms has passed (see
+ * lease_acquire); the queue's ticket is left by the caller.
+ */
+static void
+lease_wait(const DecisionRequest *request, bool session, int64 max_wait_ms, const char *ticket,
+		   int64 start_us, Decision *decision)
+{
+	int64		pause_ms = 10;
+
+	while (lease_try(request, session, ticket, decision))
+	{
+		int64		left_ms = max_wait_ms - (clock_monotonic_us() - start_us) / 1000;
+
+		if (left_ms <= 0)
+			return;
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 Min(pause_ms, left_ms), PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+		if (booking_wait_ending())
+		{
+			lease_leave(request, ticket);
+			CHECK_FOR_INTERRUPTS();
+			return;
+		}
+		CHECK_FOR_INTERRUPTS();
+		pause_ms = Min(pause_ms * 2, LEASE_WAIT_MAX_PAUSE_MS);
+	}
+}
+
+/*
  * Takes one lease for a checked request of a concurrency policy (see
  * lease_check_policy), released when the transaction (or, with session, the
  * session) ends. With max_wait_ms, while Redis answers that none is free, the
@@ -288,15 +318,16 @@ lease_leave(const DecisionRequest *request, const char *ticket)
  * lua/concurrency/common.lua) and tries again until the lease is its or
  * max_wait_ms has passed: a release is announced nowhere, so it looks again
  * after 10 ms, then twice as long each time up to LEASE_WAIT_MAX_PAUSE_MS.
- * A wait that ends without a lease (max_wait, a cancel) leaves the queue.
+ * A wait that ends without a lease from Redis (max_wait, a cancel, an error,
+ * Redis failing) leaves the queue, so that no one waits behind it.
  */
 void
 lease_acquire(const DecisionRequest *request, bool session, int64 max_wait_ms,
 			  Decision *decision)
 {
 	int64		start_us = clock_monotonic_us();
-	int64		pause_ms = 10;
 	char	   *ticket = max_wait_ms > 0 ? clock_unique_id() : "";
+	MemoryContext context = CurrentMemoryContext;
 
 	/* A disabled policy or an 'allow' or 'deny' subject takes no lease. */
 	decision_init(&request->policy, decision);
@@ -306,30 +337,30 @@ lease_acquire(const DecisionRequest *request, bool session, int64 max_wait_ms,
 		engine_observe_decision(request, decision, 1);
 		return;
 	}
-	while (lease_try(request, session, ticket, decision))
+	if (max_wait_ms == 0)
+		(void) lease_try(request, session, ticket, decision);
+	else
 	{
-		int64		left_ms = max_wait_ms - (clock_monotonic_us() - start_us) / 1000;
+		PG_TRY();
+		{
+			lease_wait(request, session, max_wait_ms, ticket, start_us, decision);
+		}
+		PG_CATCH();
+		{
+			ErrorData  *error;
 
-		if (left_ms <= 0)
-		{
-			if (max_wait_ms > 0)
-				lease_leave(request, ticket);
-			break;
-		}
-		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 Min(pause_ms, left_ms), PG_WAIT_EXTENSION);
-		ResetLatch(MyLatch);
-		if (booking_wait_ending())
-		{
+			/* Raised during a try (a cancel while Redis answered, a script's error). */
+			MemoryContextSwitchTo(context);
+			error = CopyErrorData();
+			FlushErrorState();
 			lease_leave(request, ticket);
-			CHECK_FOR_INTERRUPTS();
-			break;
+			ReThrowError(error);
 		}
-		CHECK_FOR_INTERRUPTS();
-		pause_ms = Min(pause_ms * 2, LEASE_WAIT_MAX_PAUSE_MS);
-	}
-	if (max_wait_ms > 0)
+		PG_END_TRY();
+		if (!(decision->allowed && decision->source == DECISION_SOURCE_REDIS))
+			lease_leave(request, ticket);
 		decision->waited_ms = (clock_monotonic_us() - start_us) / 1000;
+	}
 	decision_shadow(&request->policy, decision);
 	engine_observe_decision(request, decision, 1);
 }

@@ -253,6 +253,17 @@ is_deeply([ sort { $a <=> $b } @lease_times ], \@lease_times, "lease waiters are
 cmp_ok($lease_times[-1] / 1000 - $released_at, '<', 2.0,
 	sprintf('the waiters that left (one timed out, one cancelled) hold no one up: the last served %.2f s after the release',
 		$lease_times[-1] / 1000 - $released_at));
+# A ticket left in the queue without its expiry (one of the two sets lost, as eviction may)
+# holds no one: a take that does not wait is not held by it, and a waiter drops it.
+$holder->query_ok("SELECT rl_acquire('lease', 'orphan', 'session'); SELECT rl_release('lease', 'orphan')");
+my ($lease_key) = grep { !/:queue/ } split /\n/, $redis->cli('--scan', '--pattern', '*{orphan}*');
+$redis->cli('ZADD', "$lease_key:queue", 1, 'orphan-ticket');
+is((split /\|/, $holder->query("SELECT allowed, source FROM rl_acquire('lease', 'orphan', 'session')"))[0], 't',
+	'a ticket without its expiry does not hold a take that does not wait');
+$holder->query_ok("SELECT rl_release('lease', 'orphan')");
+is($holder->query("SELECT allowed FROM rl_acquire('lease', 'orphan', 'session', max_wait => '1 second')"), 't',
+	'nor a waiter');
+$holder->query_ok("SELECT rl_release('lease', 'orphan')");
 $holder->query_ok("BEGIN; SELECT rl_acquire('lease', 'l2')");
 ($lease_allowed, $lease_waited) = split /\|/, $sessions[4]->query(
 	"SELECT allowed, waited_ms FROM rl_acquire('lease', 'l2', max_wait => '200 ms')");
