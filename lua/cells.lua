@@ -68,13 +68,19 @@ local function refund_once(mark, ttl)
   return call('SET', mark, '1', 'NX', 'PX', math.max(1, math.min(ttl, 60000)))
 end
 
+-- The state of the one check of cell algorithm X (its common.lua) a script makes: KEYS its
+-- keys, ARGV the clock, its numbers, then `extra` more (raises unless there are that many).
+local function load_one(X, extra)
+  expect_args(1 + X.nargs + extra)
+  local now = X.clock and checked_clock(ARGV[1]) or nil
+  return X.load(1, 2, now)
+end
+
 -- One check of cell algorithm X (its common.lua): KEYS its keys, ARGV the clock then its
 -- numbers. A take (rl_consume) writes what it granted; a peek (rl_peek) is the decision a
 -- take would make, nothing written.
 local function decide_one(X, take)
-  expect_args(1 + X.nargs)
-  local now = X.clock and checked_clock(ARGV[1]) or nil
-  local s = X.load(1, 2, now)
+  local s = load_one(X, 0)
   local allowed = 0
   if X.try(s, s) then
     allowed = 1
@@ -95,9 +101,7 @@ end
 -- with it, so that the request asked again is charged again; answers {1 when given back (0
 -- when the mark showed it was done already), remaining, 0, reset_after_ms}.
 local function refund_one(X)
-  expect_args(1 + X.nargs)
-  local now = X.clock and checked_clock(ARGV[1]) or nil
-  local s = X.load(1, 2, now)
+  local s = load_one(X, 0)
   local mark = KEYS[X.nkeys + 1]
   local request = KEYS[X.nkeys + 2]
   local done = 0
@@ -135,9 +139,7 @@ end
 -- retry_after_ms (for the cost), reset_after_ms}. The tokens held are what the answer
 -- of the state says remain, exactly what a take of them would grant.
 local function slice_one(X)
-  expect_args(2 + X.nargs)
-  local now = X.clock and checked_clock(ARGV[1]) or nil
-  local s = X.load(1, 2, now)
+  local s = load_one(X, 1)
   local unit = s.unit or 1
   local most = tonumber(ARGV[2 + X.nargs])
   if not is_exact(most) or most * unit < s.cost then
@@ -168,9 +170,7 @@ end
 -- KEYS and ARGV as the algorithm's take, then max_wait in ms and max_debt in tokens.
 -- Answers {allowed, remaining, retry_after_ms, reset_after_ms, wait_ms}.
 local function book_one(X)
-  expect_args(3 + X.nargs)
-  local now = X.clock and checked_clock(ARGV[1]) or nil
-  local s = X.load(1, 2, now)
+  local s = load_one(X, 2)
   local max_wait = tonumber(ARGV[2 + X.nargs])
   local most = tonumber(ARGV[3 + X.nargs])
   if not is_exact(max_wait) or not is_exact(most) then
@@ -199,9 +199,7 @@ end
 -- KEYS and ARGV as the algorithm's take, then max_debt in tokens.
 -- Answers {tokens taken, remaining, ms until it owes nothing, reset_after_ms}.
 local function owe_one(X)
-  expect_args(2 + X.nargs)
-  local now = X.clock and checked_clock(ARGV[1]) or nil
-  local s = X.load(1, 2, now)
+  local s = load_one(X, 1)
   local unit = s.unit or 1
   local most = tonumber(ARGV[2 + X.nargs])
   if not is_exact(most) then

@@ -214,7 +214,20 @@ DELETE FROM pg_catalog.pg_init_privs i
 DROP TABLE rl_upgrade_init_privs;
 DROP TABLE rl_upgrade_functions;
 
--- rl_stats counts replays too.
+-- rl_stats counts replays too: made again, and what roles were granted on it granted again
+-- (as the roles' grants, not the extension's, as above).
+SELECT pg_catalog.set_config('rl_upgrade.stats_grants', coalesce(pg_catalog.string_agg(
+           pg_catalog.format('GRANT %s ON @extschema@.rl_stats TO %s%s', a.privilege_type,
+                             CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                                  ELSE pg_catalog.quote_ident(r.rolname) END,
+                             CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END), '; '), ''),
+       true)
+  FROM pg_catalog.pg_class c
+ CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) a
+  LEFT JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
+ WHERE c.oid OPERATOR(pg_catalog.=) '@extschema@.rl_stats'::pg_catalog.regclass
+   AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+   AND a.grantee OPERATOR(pg_catalog.<>) 'pg_monitor'::pg_catalog.regrole;
 DROP VIEW @extschema@.rl_stats;
 DROP FUNCTION @extschema@._rl_stats_read();
 CREATE FUNCTION @extschema@._rl_stats_read(
@@ -248,6 +261,24 @@ GRANT EXECUTE ON FUNCTION @extschema@._rl_stats_read() TO pg_monitor;
 CREATE VIEW @extschema@.rl_stats AS SELECT * FROM @extschema@._rl_stats_read();
 REVOKE ALL ON @extschema@.rl_stats FROM PUBLIC;
 GRANT SELECT ON @extschema@.rl_stats TO pg_monitor;
+CREATE TEMPORARY TABLE rl_upgrade_init_privs AS
+    SELECT i.initprivs FROM pg_catalog.pg_init_privs i
+     WHERE i.classoid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+       AND i.objoid OPERATOR(pg_catalog.=) '@extschema@.rl_stats'::pg_catalog.regclass
+       AND i.objsubid OPERATOR(pg_catalog.=) 0;
+DO $$
+BEGIN
+    IF pg_catalog.current_setting('rl_upgrade.stats_grants') OPERATOR(pg_catalog.<>) '' THEN
+        EXECUTE pg_catalog.current_setting('rl_upgrade.stats_grants');
+    END IF;
+END
+$$;
+UPDATE pg_catalog.pg_init_privs i SET initprivs = b.initprivs
+  FROM rl_upgrade_init_privs b
+ WHERE i.classoid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+   AND i.objoid OPERATOR(pg_catalog.=) '@extschema@.rl_stats'::pg_catalog.regclass
+   AND i.objsubid OPERATOR(pg_catalog.=) 0;
+DROP TABLE rl_upgrade_init_privs;
 COMMENT ON VIEW @extschema@.rl_stats IS
     'per-policy decision counters and Redis latency of this server since the last reset; never a subject';
 

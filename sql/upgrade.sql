@@ -253,3 +253,31 @@ ALTER EXTENSION ratelimit UPDATE TO '0.4.0';
 SELECT last_value > 0 AS an_id_of_its_own FROM rl_installation_seq;
 \c contrib_regression
 DROP DATABASE regress_upgrade_empty;
+
+-- 0.9.0 -> 0.10.0 makes rl_consume, rl_reserve, rl_define ... and the view rl_stats again:
+-- what roles were granted on them is granted on the new ones, a REVOKE from PUBLIC is kept,
+-- and those grants stay the roles' (not in pg_init_privs, so that pg_dump keeps them).
+CREATE DATABASE regress_upgrade_grants;
+\c regress_upgrade_grants
+CREATE EXTENSION ratelimit VERSION '0.9.0';
+CREATE ROLE regress_upgrade_app;
+GRANT EXECUTE ON FUNCTION rl_consume(text, text, bigint) TO regress_upgrade_app;
+GRANT EXECUTE ON FUNCTION rl_reserve(text, text, bigint) TO regress_upgrade_app WITH GRANT OPTION;
+GRANT SELECT ON rl_stats TO regress_upgrade_app;
+REVOKE EXECUTE ON FUNCTION rl_define(text, bigint, interval, bigint, text, interval, numeric, text, text, bigint, interval) FROM PUBLIC;
+ALTER EXTENSION ratelimit UPDATE TO '0.10.0';
+SELECT has_function_privilege('regress_upgrade_app', 'rl_consume(text, text, bigint, interval, text)', 'EXECUTE') AS consume,
+       has_function_privilege('regress_upgrade_app', 'rl_reserve(text, text, bigint, interval, text)',
+                              'EXECUTE WITH GRANT OPTION') AS reserve_grantable,
+       has_function_privilege('regress_upgrade_app', 'rl_enforce(text, text, bigint, interval, text)', 'EXECUTE') AS enforce,
+       has_table_privilege('regress_upgrade_app', 'rl_stats', 'SELECT') AS stats,
+       has_table_privilege('pg_monitor', 'rl_stats', 'SELECT') AS stats_monitor,
+       has_function_privilege('public',
+           'rl_define(text, bigint, interval, bigint, text, interval, numeric, text, text, bigint, interval, bigint, interval)',
+           'EXECUTE') AS define_public;
+SELECT count(*) AS app_in_init_privs
+FROM pg_init_privs i, aclexplode(i.initprivs) a
+WHERE a.grantee = 'regress_upgrade_app'::regrole;
+\c contrib_regression
+DROP DATABASE regress_upgrade_grants;
+DROP ROLE regress_upgrade_app;
