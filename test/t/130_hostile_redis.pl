@@ -173,6 +173,29 @@ $h->query_ok("SET ratelimit.command_timeout = '${timeout_ms}ms'");
 	$fake->stop;
 }
 
+# (3w) Replies no Redis sends to the scripts of 0.10.0: a booking longer than the wait
+# asked for (a day), a replay mark that is not 0 or 1, a settle that took more than its
+# cost. Each is a protocol failure: the fail mode, at once (no sleep), never a grant.
+foreach my $case (
+	[ 'a booking longer than max_wait', "*5\r\n:1\r\n:0\r\n:0\r\n:0\r\n:86400000\r\n",
+		"SELECT allowed, source FROM rl_consume('h.closed', 'w1', 1, max_wait => '1 second')" ],
+	[ 'a replay mark of 7', "*6\r\n:1\r\n:0\r\n:0\r\n:0\r\n:0\r\n:7\r\n",
+		"SELECT allowed, source FROM rl_consume('h.closed', 'w2', 1, request_id => 'r')" ],
+	[ 'a settle that took more than its cost', "*4\r\n:999\r\n:0\r\n:0\r\n:0\r\n",
+		"SELECT allowed, source FROM rl_settle('h.closed', 'w3', 1, 6)" ])
+{
+	my ($name, $bytes, $sql) = @$case;
+	my $fake = fake_redis_start(reply => sub { $_[0] eq 'EVALSHA' ? $bytes : "-ERR unexpected\r\n" });
+	set_url($h, $fake->url);
+	my $protocol_sql = q{SELECT coalesce((redis_errors->>'protocol')::int, 0) FROM rl_stats WHERE policy = 'h.closed'};
+	my $before = $node->safe_psql('postgres', $protocol_sql);
+	my ($elapsed, $answer) = timed(sub { scalar $h->query($sql) });
+	is($answer, 'f|fail_closed', "(3w) $name: the fail mode decides");
+	cmp_ok($elapsed, '<', 1, sprintf('(3w) %s: at once (%.2f s), no sleep', $name, $elapsed));
+	is($node->safe_psql('postgres', $protocol_sql), $before + 1, "(3w) $name: counted as a protocol failure");
+	$fake->stop;
+}
+
 # (3a'') A Redis older than 7 knows no shebang: a peek's script (marked no-writes for
 # Redis 7, so that replicas and EVALSHA_RO may run it) fails to compile there. No Redis 6
 # is installed here: this fake answers as one does (NOSCRIPT, then the compile error for a

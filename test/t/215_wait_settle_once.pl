@@ -37,6 +37,7 @@ $node->safe_psql(
 	  ('bounded', 'token_bucket', 1, 1, '1 second', 3, 'closed'),
 	  ('g', 'gcra', 2, 1, '100 ms', NULL, 'closed'),
 	  ('llm', 'token_bucket', 1000, 1000, '1 hour', 500, 'closed'),
+	  ('llm_open', 'token_bucket', 1000, 1000, '1 hour', 500, 'open'),
 	  ('ids', 'token_bucket', 100, 1, '1 day', NULL, 'closed'),
 	  ('short_memory', 'token_bucket', 100, 1, '1 day', NULL, 'closed'),
 	  ('huge', 'token_bucket', 300000000000000, 1, '1 ms', NULL, 'closed');
@@ -214,6 +215,13 @@ my $silent = parse_decision($sessions[2]->query(
 my $silent_s = time - $start;
 is($silent->{source}, 'fail_closed', 'Redis silent: the fail mode decides');
 cmp_ok($silent_s, '<', 1.5, "within the deadline, not max_wait ($silent_s s)");
+# A settle Redis cannot answer takes nothing, whatever the fail mode: not all of it was taken.
+$sessions[2]->query_ok("SET ratelimit.redis_url = '" . $redis->url . "'");    # a breaker of its own: Redis is asked
+is($sessions[2]->query("SELECT allowed, source FROM rl_settle('llm_open', 'silent', 1, 5)"), 'f|fail_closed',
+	'Redis silent: a settle up takes nothing (allowed false), even on a policy that fails open');
+is($sessions[2]->query("SELECT allowed, source FROM rl_settle('llm_open', 'silent', 5, 1)"), 'f|fail_closed',
+	'Redis silent: a settle down gives nothing back (allowed false)');
+$sessions[2]->query_ok("RESET ratelimit.redis_url");
 $redis->resume;
 usleep(300_000);
 
