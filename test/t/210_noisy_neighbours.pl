@@ -12,7 +12,8 @@
 # at their bounds, cancel and terminate storms, a slow role), tickets of slices (a batch
 # naming a hot subject), the deny cache (crafted collisions; the local buckets' are in t/075),
 # and the scripts Redis runs for everyone (the sliding log at its bounds, groups of 32
-# checks), waits (a crowd waiting and cancelled; bookings bounded per subject).
+# checks), waits (a crowd waiting and cancelled; a crowd waiting for a lease; bookings bounded
+# per subject).
 
 use strict;
 use warnings;
@@ -46,6 +47,7 @@ $node->safe_psql('postgres', q{
 	SELECT rl_define('nn.pace', 100, per => '1 second', burst => 1, max_debt => 1000);
 	SELECT rl_define('nn.shared', 10, per => '1 second');
 	INSERT INTO rl_policy (name, algorithm, capacity, idle_ttl) VALUES ('nn.lease', 'concurrency', 1000000, '1 hour');
+	INSERT INTO rl_policy (name, algorithm, capacity, idle_ttl) VALUES ('nn.lease1', 'concurrency', 1, '1 hour');
 	CREATE TABLE nn_done (run text PRIMARY KEY, at timestamptz NOT NULL);
 	-- A victim: decisions one after the other (2 ms apart) until 0.6 s after the attack
 	-- ended (past the breaker's retry_interval, so that a breaker it opened is seen); what
@@ -274,6 +276,24 @@ my $storm_batch = 'SELECT count(*) FROM rl_consume_many(\'nn.att\', ' . subjects
 		q{SELECT count(*) FROM generate_series(1, 40) g, LATERAL (SELECT rl_consume('nn.ctl', 'wc' || g), pg_sleep(0.06)) r},
 		$crowd_sql, during => $during);
 	unlike($att->{attack_err} // '', qr/ERROR/, 'a waiting crowd: every wait of the attacker granted, none failed');
+}
+
+###
+### Lease waiters: eight sessions queue for a lease held 2.5 s, looking again every 10 to
+### 100 ms until their max_wait (2 s) ends; the control sleeps as long.
+###
+{
+	my @got;
+	my $during = sub {
+		my @crowd = map { session($node, user => 'attacker') } 1 .. 8;
+		$_->start_query(q{SELECT allowed FROM rl_acquire('nn.lease1', 'held', max_wait => '2 seconds')}) for @crowd;
+		@got = map { scalar $_->wait_result(60) } @crowd;
+		$_->quit for @crowd;
+	};
+	row('a crowd waiting for a lease',
+		q{SELECT pg_sleep(2.5)},
+		q{BEGIN; SELECT rl_acquire('nn.lease1', 'held'); SELECT pg_sleep(2.5); COMMIT}, during => $during);
+	is(join(',', @got), join(',', ('f') x 8), 'a crowd waiting for a lease: every wait ends at its max_wait, denied');
 }
 
 ###
