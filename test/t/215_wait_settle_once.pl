@@ -374,6 +374,16 @@ $sessions[1]->wait_result;
 is($sessions[2]->wait_result, 't', 'the replay keeps its grant when the first asking is cancelled');
 cmp_ok(parse_decision($s->query(decision_sql('slow', 'rc', 1, 'rl_peek')))->{retry_after_ms}, '>', 0,
 	'and the grant in use is not given back');
+($out, $err) = $s->query("SELECT rl_consume_many('ids', ARRAY['a', 'b'], NULL, ARRAY['1'])");
+like($err, qr/22023/, 'rl_consume_many: request_ids of another length than subjects is refused with 22023');
+($out, $err) = $s->query("SELECT rl_consume_many('ids', ARRAY['a', 'b'], NULL, ARRAY['1', NULL])");
+like($err, qr/22004/, 'rl_consume_many: a NULL request id is refused with 22004');
+($out, $err) = $s->query("SELECT rl_consume('ids', 'x', 1, request_id => repeat('r', 257))");
+like($err, qr/22023/, 'a request_id over 256 bytes is refused with 22023');
+($out, $err) = $s->query("SELECT rl_settle('llm', 'x', NULL, 1)");
+like($err, qr/22004/, 'rl_settle: a NULL cost is refused with 22004');
+($out, $err) = $s->query("SELECT rl_settle('lease', 'x', 1, 2)");
+like($err, qr/42809/, 'rl_settle: a concurrency policy is refused with 42809');
 ($out, $err) = $s->query("SELECT rl_consume('ids', 'x', 1, request_id => '')");
 like($err, qr/22023/, 'an empty request_id is refused with 22023');
 my $keys = $redis->cli('--scan', '--pattern', '*request*');
