@@ -219,7 +219,31 @@ CREATE TABLE @extschema@.rl_policy (
     CONSTRAINT rl_policy_replay_window_check
         CHECK (@extschema@._rl_interval_is_whole_ms(replay_window)
                AND @extschema@._rl_interval_ms(replay_window) OPERATOR(pg_catalog.>=) 1
-               AND @extschema@._rl_interval_ms(replay_window) OPERATOR(pg_catalog.<=) 604800000)
+               AND @extschema@._rl_interval_ms(replay_window) OPERATOR(pg_catalog.<=) 604800000),
+    -- How the budget spans regions (ratelimit.region, ratelimit.regions): NULL, every decision
+    -- in this server's Redis; 'independent', the same, each region deciding alone (up to the
+    -- number of regions times the policy); 'home', every decision in home_region's Redis;
+    -- 'split', each region deciding from its share of each window, region_base tokens
+    -- (NULL: capacity / (2 x regions)), and from leases of home_region's rest.
+    region_mode   text,
+    home_region   text,
+    region_base   bigint,
+    CONSTRAINT rl_policy_region_mode_check
+        CHECK (region_mode IS NULL
+               OR region_mode OPERATOR(pg_catalog.=) ANY (ARRAY['independent', 'home', 'split'])),
+    CONSTRAINT rl_policy_home_region_check
+        CHECK (CASE WHEN region_mode OPERATOR(pg_catalog.=) ANY (ARRAY['home', 'split'])
+                    THEN home_region OPERATOR(pg_catalog.~) '^[A-Za-z0-9_.-]{1,63}$'
+                    ELSE home_region IS NULL END),
+    CONSTRAINT rl_policy_region_split_check
+        CHECK (region_mode IS DISTINCT FROM 'split'
+               OR algorithm OPERATOR(pg_catalog.=) 'fixed_window' AND allowance IS NULL AND max_debt IS NULL),
+    CONSTRAINT rl_policy_region_base_check
+        CHECK (region_base IS NULL
+               OR region_mode OPERATOR(pg_catalog.=) 'split' AND region_base OPERATOR(pg_catalog.>=) 0
+                  AND region_base OPERATOR(pg_catalog.<=) capacity),
+    CONSTRAINT rl_policy_region_home_check
+        CHECK (region_mode IS DISTINCT FROM 'home' OR allowance IS NULL)
 );
 REVOKE ALL ON @extschema@.rl_policy FROM PUBLIC;
 COMMENT ON TABLE @extschema@.rl_policy IS 'rate limit policies: one row per limit';
@@ -438,7 +462,7 @@ REVOKE ALL ON FUNCTION @extschema@._rl_policy_record() FROM PUBLIC;
 --
 
 -- Sets a policy's version: a new one on insert (see _rl_inserted_version for a row that
--- brings one) and whenever algorithm, capacity, refill or time zone change; otherwise the old one,
+-- brings one) and whenever algorithm, capacity, refill, time zone or regions change; otherwise the old one,
 -- whatever the statement said. Refuses an algorithm change that its 'limit' overrides
 -- could not follow; warns when a 'local' policy has no local bucket to fall back on, and
 -- when a policy with an allowance can take no slices.
@@ -466,8 +490,10 @@ BEGIN
     END IF;
     IF TG_OP = 'INSERT' THEN
         NEW.version := @extschema@._rl_inserted_version('policy', NEW.name, NULL, to_jsonb(NEW));
-    ELSIF (NEW.algorithm, NEW.capacity, NEW.refill_amount, NEW.refill_period, NEW.time_zone)
-          IS DISTINCT FROM (OLD.algorithm, OLD.capacity, OLD.refill_amount, OLD.refill_period, OLD.time_zone) THEN
+    ELSIF (NEW.algorithm, NEW.capacity, NEW.refill_amount, NEW.refill_period, NEW.time_zone,
+           NEW.region_mode, NEW.home_region, NEW.region_base)
+          IS DISTINCT FROM (OLD.algorithm, OLD.capacity, OLD.refill_amount, OLD.refill_period, OLD.time_zone,
+                            OLD.region_mode, OLD.home_region, OLD.region_base) THEN
         IF NEW.algorithm <> OLD.algorithm AND EXISTS (
             SELECT FROM @extschema@.rl_override o WHERE o.policy = OLD.name AND o.action = 'limit') THEN
             RAISE EXCEPTION 'policy "%" has limit overrides that only fit algorithm "%"', OLD.name, OLD.algorithm
@@ -599,6 +625,16 @@ COMMENT ON CONSTRAINT rl_policy_max_debt_check ON @extschema@.rl_policy IS
     'max_debt is NULL (the capacity) or a whole number of tokens from 0, only for token_bucket, gcra and fixed_window, with capacity + max_debt exact (as capacity must be).';
 COMMENT ON CONSTRAINT rl_policy_replay_window_check ON @extschema@.rl_policy IS
     'replay_window is a whole number of milliseconds from 1 ms to 7 days.';
+COMMENT ON CONSTRAINT rl_policy_region_mode_check ON @extschema@.rl_policy IS
+    'region_mode is NULL, ''independent'', ''home'' or ''split''.';
+COMMENT ON CONSTRAINT rl_policy_home_region_check ON @extschema@.rl_policy IS
+    'home_region names a region (1 to 63 letters, digits, _ . -) for region_mode ''home'' and ''split'', and is NULL otherwise.';
+COMMENT ON CONSTRAINT rl_policy_region_split_check ON @extschema@.rl_policy IS
+    'region_mode ''split'' is for fixed_window policies without allowance or max_debt: a window''s share is exact, a refilling bucket''s is not.';
+COMMENT ON CONSTRAINT rl_policy_region_base_check ON @extschema@.rl_policy IS
+    'region_base is NULL or, for region_mode ''split'', a number of tokens from 0 to the capacity.';
+COMMENT ON CONSTRAINT rl_policy_region_home_check ON @extschema@.rl_policy IS
+    'region_mode ''home'' takes no allowance: slices are held per server, the budget in another region.';
 COMMENT ON CONSTRAINT rl_policy_idle_ttl_check ON @extschema@.rl_policy IS
     'idle_ttl is NULL or a whole number of milliseconds, at least the time the bucket takes to refill completely (capacity / refill_amount * refill_period).';
 COMMENT ON CONSTRAINT rl_policy_idle_ttl_bound_check ON @extschema@.rl_policy IS

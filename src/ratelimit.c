@@ -29,6 +29,7 @@
 #include "redis/breaker.h"
 #include "redis/connection.h"
 #include "redis/deadline.h"
+#include "redis/regions.h"
 #include "redis/tls.h"
 #include "redis/url.h"
 
@@ -118,6 +119,7 @@ _PG_init(void)
 	log_privacy_init();
 	/* redis */
 	redis_url_init();
+	regions_init();
 	tls_init();
 	deadline_init();
 	connection_init();

@@ -120,6 +120,7 @@ ask_call(const DecisionRequest *request, LimitMode mode, const char *key, int64 
 		nresults = 6;
 	}
 	ask_call_of(&part, extras, nextras, nresults, call);
+	call->target = request->target;
 }
 
 /* The call of request as it is, at its own time (a reservation's refund at its end). */

@@ -25,6 +25,7 @@
 #include "engine/ask.h"
 #include "engine/booking.h"
 #include "engine/decide.h"
+#include "engine/region.h"
 #include "engine/denial.h"
 #include "engine/observer.h"
 #include "local/slices.h"
@@ -265,7 +266,10 @@ call(Deciding **asking, int nasking, const GiveBacks *backs, RedisFailure *failu
 		Deciding   *d = asking[n];
 		bool		fetch = d->plan.outcome == SLICE_FETCH;
 
-		ask_call(d->request, fetch ? LIMIT_SLICE : d->request->mode, d->key, d->at_ms,
+		if (region_splits(d->request))
+			region_share_call(d->request, d->key, d->at_ms, &calls[backs->count + n]);
+		else
+			ask_call(d->request, fetch ? LIMIT_SLICE : d->request->mode, d->key, d->at_ms,
 					 d->plan.want, &calls[backs->count + n]);
 	}
 	memset(failure, 0, sizeof(*failure));
@@ -286,10 +290,14 @@ finish(Deciding *d, RedisCall *call, const RedisFailure *failure, int64 asked_us
 {
 	const DecisionRequest *request = d->request;
 	Decision   *decision = d->decision;
-	RedisFailure outcome = call->failure.kind != REDIS_FAILURE_NONE ? call->failure : *failure;
+	RedisFailure outcome;
 	bool		fetch = d->plan.outcome == SLICE_FETCH;
 	bool		answered;
 
+	/* A split policy's share may lack the cost: a lease from the home region then. */
+	if (call->answered && region_splits(request))
+		region_share_finish(request, d->key, d->at_ms, call);
+	outcome = call->failure.kind != REDIS_FAILURE_NONE ? call->failure : *failure;
 	answered = call->answered &&
 		(d->plan.request == NULL || allowance_reply(&d->plan, call->results, &outcome)) &&
 		decision_from_reply(call->results, fetch, decision, &outcome) &&
@@ -465,6 +473,7 @@ decision_reset(const DecisionRequest *request)
 	limit_reset_call(&request->policy.bucket, decision_key(request), request_at_ms(request), &part);
 	memset(&reset, 0, sizeof(reset));
 	reset.script = part.script;
+	reset.target = request->target;
 	reset.nkeys = part.nkeys;
 	reset.keys = part.keys;
 	reset.nresults = 1;

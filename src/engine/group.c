@@ -18,6 +18,7 @@
 #include "base/clock.h"
 #include "engine/decide.h"
 #include "engine/group.h"
+#include "policy/placement.h"
 #include "engine/observer.h"
 #include "policy/subject.h"
 #include "redis/breaker.h"
@@ -42,6 +43,31 @@ typedef struct Group
  * (lua/once.lua), remembered beside its first asked check's key (the checks
  * share a slot) for that check's policy's replay_window.
  */
+static int
+group_target(const Group *group)
+{
+	int			target = -1;
+
+	for (int i = 0; i < group->count; i++)
+	{
+		const DecisionRequest *request = &group->requests[i];
+
+		if (group->fixed[i])
+			continue;
+		placement_refuse_split(&request->policy, "rl_consume_all");
+		if (target >= 0 && request->target != target)
+			ereport(ERROR,
+					(errhidestmt(true),
+					 errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("the checks of one rl_consume_all must be decided in one Redis"),
+					 errdetail("Policy \"%s\" decides in another region's Redis than the checks before it.",
+							   request->policy.name),
+					 errhint("Group only policies with the same region_mode and home_region.")));
+		target = request->target;
+	}
+	return Max(target, 0);
+}
+
 static bool
 group_redis(Group *group, RedisFailure *failure)
 {
@@ -79,6 +105,7 @@ group_redis(Group *group, RedisFailure *failure)
 		n++;
 	}
 	call.script = limit_group_script();
+	call.target = group_target(group);
 	call.nresults = 4 * n;
 	if (once_key != NULL)
 	{

@@ -31,6 +31,7 @@
 #include "engine/booking.h"
 #include "engine/decide.h"
 #include "engine/lease.h"
+#include "policy/placement.h"
 #include "engine/ledger.h"
 #include "engine/observer.h"
 #include "policy/subject.h"
@@ -78,6 +79,7 @@ lease_script_call(LeaseOperation operation, const Policy *policy, const char *ke
 	call->nargs = CONCURRENCY_ARGS;
 	call->args = args;
 	call->nresults = 4;
+	call->target = placement_target(policy);
 	call->results = palloc(4 * sizeof(long long));
 }
 

@@ -14,6 +14,7 @@
 
 #include "base/clock.h"
 #include "policy/cache.h"
+#include "policy/placement.h"
 #include "policy/subject.h"
 #include "engine/request.h"
 #include "utils/timestamp.h"
@@ -49,6 +50,7 @@ request_check(Oid function_oid, const char *name, const char *subject, int lengt
 				 errmsg("rate limit policy \"%s\" is outside the supported bounds", policy->name),
 				 errdetail("With g = gcd(refill_amount, refill_period in ms), capacity * period_ms / g + refill_amount / g must stay below 2^53."),
 				 errhint("Restore the table's constraints and correct the policy.")));
+	request->target = placement_target(policy);
 	return policy;
 }
 
@@ -136,6 +138,7 @@ request_wait(DecisionRequest *request, const Interval *max_wait)
 				 errdetail("A %s has no later time of its own to book.",
 						   limit_algorithm_name(policy->algorithm)),
 				 errhint("Wait with token_bucket, gcra or fixed_window policies (concurrency: rl_acquire's max_wait), or retry after retry_after_ms.")));
+	placement_refuse_split(policy, "max_wait");
 	request->max_wait_ms = ms;
 }
 
@@ -156,6 +159,7 @@ request_once(DecisionRequest *request, const char *id, int length)
 				 errmsg("request_id must have 1 to %d bytes", REQUEST_ID_MAX_BYTES),
 				 errdetail("This one has %d.", length),
 				 errhint("Pass the request's own id (an Idempotency-Key, a job id), or NULL for none.")));
+	placement_refuse_split(&request->policy, "request_id");
 	initStringInfo(&hash);
 	subject_hash(&hash, id, length);
 	request->request_id = hash.data;

@@ -23,6 +23,7 @@ typedef struct DecisionRequest
 	int64		max_wait_ms;	/* a take: the longest wait it may book (0: none) */
 	/* A take: made once per this id (its keyed hash); a refund: the take's id, forgotten. */
 	const char *request_id;
+	int			target;			/* the Redis its calls go to (engine/region.c): 0, this server's */
 } DecisionRequest;
 
 /* The longest max_wait a call may give: a day. */

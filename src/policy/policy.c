@@ -159,6 +159,10 @@ typedef struct PolicyColumns
 	/* Added by 0.10: until then, debt up to the capacity, request ids remembered an hour. */
 	AttrNumber	max_debt;
 	AttrNumber	replay_window;
+	/* Added by 0.11: until then, every decision in this server's Redis. */
+	AttrNumber	region_mode;
+	AttrNumber	home_region;
+	AttrNumber	region_base;
 } PolicyColumns;
 
 /* Finds rel's columns. */
@@ -181,6 +185,30 @@ policy_columns(Relation rel, PolicyColumns *columns)
 	columns->allowance_ttl = get_attnum(RelationGetRelid(rel), "allowance_ttl");
 	columns->max_debt = get_attnum(RelationGetRelid(rel), "max_debt");
 	columns->replay_window = get_attnum(RelationGetRelid(rel), "replay_window");
+	columns->region_mode = get_attnum(RelationGetRelid(rel), "region_mode");
+	columns->home_region = get_attnum(RelationGetRelid(rel), "home_region");
+	columns->region_base = get_attnum(RelationGetRelid(rel), "region_base");
+}
+
+/* How a row's budget spans regions (region_mode, home_region, region_base). */
+static void
+policy_regions(Policy *policy, const Datum *values, const bool *nulls, const PolicyColumns *c)
+{
+	char	   *word;
+
+	policy->region_mode = REGION_MODE_NONE;
+	policy->home_region[0] = '\0';
+	policy->region_base = -1;
+	if (c->region_mode == InvalidAttrNumber || nulls[c->region_mode - 1])
+		return;
+	word = TextDatumGetCString(values[c->region_mode - 1]);
+	policy->region_mode = strcmp(word, "home") == 0 ? REGION_MODE_HOME :
+		strcmp(word, "split") == 0 ? REGION_MODE_SPLIT : REGION_MODE_INDEPENDENT;
+	if (c->home_region != InvalidAttrNumber && !nulls[c->home_region - 1])
+		text_to_cstring_buffer(DatumGetTextPP(values[c->home_region - 1]),
+							   policy->home_region, sizeof(policy->home_region));
+	if (c->region_base != InvalidAttrNumber && !nulls[c->region_base - 1])
+		policy->region_base = Max(DatumGetInt64(values[c->region_base - 1]), 0);
 }
 
 /* Fills policy (its name already set) from a row's values. */
@@ -239,6 +267,7 @@ policy_from_row(Policy *policy, const Datum *values, const bool *nulls, const Po
 	if (c->replay_window != InvalidAttrNumber && !nulls[c->replay_window - 1])
 		policy->replay_window_ms =
 			Max(policy_interval_ms(DatumGetIntervalP(values[c->replay_window - 1])), 1);
+	policy_regions(policy, values, nulls, c);
 	policy->local_usable = false;
 	if (policy->algorithm == ALGORITHM_CONCURRENCY)
 		/* Leases: capacity at once, each living at most idle_ttl. */

@@ -38,6 +38,15 @@ typedef enum OverrideAction
 	OVERRIDE_DENY				/* always denied, nothing counted */
 } OverrideAction;
 
+/* How a policy's budget spans regions (docs/regions.md). */
+typedef enum RegionMode
+{
+	REGION_MODE_NONE,			/* NULL: this server's Redis */
+	REGION_MODE_INDEPENDENT,	/* this server's Redis: each region alone */
+	REGION_MODE_HOME,			/* the home region's Redis */
+	REGION_MODE_SPLIT			/* each region's share, and leases of the home region's rest */
+} RegionMode;
+
 /* The replay_window column's default: how long a request id's grant is remembered. */
 #define POLICY_REPLAY_WINDOW_MS (60 * 60 * 1000)
 
@@ -63,6 +72,9 @@ typedef struct Policy
 	int64		max_debt;		/* tokens a subject may owe past empty (-1: its capacity) */
 	int64		replay_window_ms;	/* how long a request id's grant is remembered */
 	double		local_share;
+	RegionMode	region_mode;
+	char		home_region[64];	/* home and split: the region that holds the budget */
+	int64		region_base;	/* split: each other region's share of a window (-1: the default) */
 	/* Set only on a request's copy, by policy_apply_override. */
 	OverrideAction override;
 	int64		override_retry_ms;	/* deny: until it expires */

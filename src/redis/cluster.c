@@ -29,21 +29,30 @@ typedef struct ClusterNode
 	char		name[REDIS_NODE_NAME];	/* "host:port", as logs and rl_health show it */
 } ClusterNode;
 
-static ClusterNode nodes[REDIS_MAX_NODES];
-static int	node_count = 0;
-static int	seed_count = 0;		/* nodes 0 .. seed_count - 1 are the URL's */
-static int16 slot_owner[CLUSTER_SLOTS];	/* a node, or -1: ask a seed */
-static bool mode_known = false; /* whether the URL's Redis said if it is a cluster */
-static bool is_cluster = false;
-static bool map_stale = false;	/* a MOVED, or a node lost, says the map may be out of date */
-static int64 map_read_us = 0;	/* when the map was last read (clock_monotonic_us) */
+/* What this backend knows of one target's Redis (redis_url_target()). */
+typedef struct ClusterMap
+{
+	ClusterNode nodes[REDIS_MAX_NODES];
+	int			node_count;
+	int			seed_count;		/* nodes 0 .. seed_count - 1 are the URL's */
+	int16		slot_owner[CLUSTER_SLOTS];	/* a node, or -1: ask a seed */
+	bool		mode_known;		/* whether the URL's Redis said if it is a cluster */
+	bool		is_cluster;
+	bool		map_stale;		/* a MOVED, or a node lost, says the map may be out of date */
+	int64		map_read_us;	/* when the map was last read (clock_monotonic_us) */
+	uint32		prepared_for;	/* redis_url_generation() the nodes were last checked for */
+	char	   *prepared_url;	/* the URL they are for */
+	bool		map_refused;	/* the cluster refused CLUSTER SLOTS (an ACL): redirects alone */
+	uint32		epoch;			/* changes when the nodes start again */
+} ClusterMap;
 
 /* While a node is lost, the map is read again at most this often (a failover takes seconds). */
 #define CLUSTER_MAP_RETRY_US (200 * 1000)
-static uint32 prepared_for = 0; /* redis_url_generation() the nodes were last checked for */
-static char *prepared_url = NULL;	/* the URL they are for */
-static bool map_refused = false;	/* the cluster refused CLUSTER SLOTS (an ACL): redirects alone */
-static uint32 epoch = 0;		/* changes when the nodes start again */
+
+static ClusterMap maps[REDIS_MAX_TARGETS];
+
+/* The map of the target in use: every function below reads and writes it. */
+#define M (&maps[redis_url_target()])
 
 /*
  * Adds a node by address, or finds it; -1 when the table is full, or for a
@@ -55,18 +64,18 @@ node_find(const char *host, int host_length, int port)
 {
 	if (host_length <= 0 || memchr(host, '\0', host_length) != NULL)
 		return -1;
-	for (int i = 0; i < node_count; i++)
-		if (nodes[i].port == port && (int) strlen(nodes[i].host) == host_length &&
-			memcmp(nodes[i].host, host, host_length) == 0)
+	for (int i = 0; i < M->node_count; i++)
+		if (M->nodes[i].port == port && (int) strlen(M->nodes[i].host) == host_length &&
+			memcmp(M->nodes[i].host, host, host_length) == 0)
 			return i;
-	if (node_count == REDIS_MAX_NODES || host_length >= 256)
+	if (M->node_count == REDIS_MAX_NODES || host_length >= 256)
 		return -1;
-	memcpy(nodes[node_count].host, host, host_length);
-	nodes[node_count].host[host_length] = '\0';
-	nodes[node_count].port = port;
-	snprintf(nodes[node_count].name, sizeof(nodes[node_count].name),
-			 memchr(host, ':', host_length) ? "[%s]:%d" : "%s:%d", nodes[node_count].host, port);
-	return node_count++;
+	memcpy(M->nodes[M->node_count].host, host, host_length);
+	M->nodes[M->node_count].host[host_length] = '\0';
+	M->nodes[M->node_count].port = port;
+	snprintf(M->nodes[M->node_count].name, sizeof(M->nodes[M->node_count].name),
+			 memchr(host, ':', host_length) ? "[%s]:%d" : "%s:%d", M->nodes[M->node_count].host, port);
+	return M->node_count++;
 }
 
 /* Starts again from the URL's nodes when the URL changed; call before any other. */
@@ -76,50 +85,50 @@ cluster_prepare(void)
 	RedisUrl	url;
 	const char *problem;
 
-	if (prepared_url != NULL && prepared_for == redis_url_generation())
+	if (M->prepared_url != NULL && M->prepared_for == redis_url_generation())
 		return;
-	prepared_for = redis_url_generation();
+	M->prepared_for = redis_url_generation();
 	/* A reload assigns the URL again: only another value starts again. */
-	if (prepared_url != NULL && strcmp(prepared_url, redis_url_current()) == 0)
+	if (M->prepared_url != NULL && strcmp(M->prepared_url, redis_url_current()) == 0)
 		return;
-	if (prepared_url != NULL)
-		pfree(prepared_url);
-	prepared_url = MemoryContextStrdup(TopMemoryContext, redis_url_current());
-	epoch++;
-	map_refused = false;
-	map_read_us = 0;
-	node_count = 0;
-	mode_known = true;
-	is_cluster = map_stale = false;
-	memset(slot_owner, 0xff, sizeof(slot_owner));
+	if (M->prepared_url != NULL)
+		pfree(M->prepared_url);
+	M->prepared_url = MemoryContextStrdup(TopMemoryContext, redis_url_current());
+	M->epoch++;
+	M->map_refused = false;
+	M->map_read_us = 0;
+	M->node_count = 0;
+	M->mode_known = true;
+	M->is_cluster = M->map_stale = false;
+	memset(M->slot_owner, 0xff, sizeof(M->slot_owner));
 	if (redis_url_parse(redis_url_current(), &url, &problem) && url.nseeds > 0)
 	{
 		for (int i = 0; i < url.nseeds; i++)
 			(void) node_find(url.seeds[i].host, strlen(url.seeds[i].host), url.seeds[i].port);
 		/* Only a host and port can be a cluster node: asked with the first call. */
-		mode_known = false;
+		M->mode_known = false;
 	}
-	if (node_count == 0)
+	if (M->node_count == 0)
 	{
 		/* Sentinel, unix, or a URL connecting will refuse: one node, found elsewhere. */
-		memset(&nodes[0], 0, sizeof(nodes[0]));
-		node_count = 1;
+		memset(&M->nodes[0], 0, sizeof(M->nodes[0]));
+		M->node_count = 1;
 	}
-	seed_count = node_count;
+	M->seed_count = M->node_count;
 }
 
 /* A number that changes whenever the nodes start again: connections opened before are not reused. */
 uint32
 cluster_epoch(void)
 {
-	return epoch;
+	return M->epoch;
 }
 
 /* True when the URL's Redis is a cluster (as far as it has said). */
 bool
 cluster_enabled(void)
 {
-	return is_cluster;
+	return M->is_cluster;
 }
 
 /* CRC16-CCITT (XMODEM), the checksum Redis Cluster hashes keys with. */
@@ -163,9 +172,9 @@ cluster_route(const char *key)
 {
 	int			owner;
 
-	if (!is_cluster)
+	if (!M->is_cluster)
 		return 0;
-	owner = slot_owner[cluster_key_slot(key, strlen(key))];
+	owner = M->slot_owner[cluster_key_slot(key, strlen(key))];
 	return owner >= 0 ? owner : 0;
 }
 
@@ -173,7 +182,7 @@ cluster_route(const char *key)
 int
 cluster_seed_after(int node)
 {
-	if (is_cluster || mode_known || node + 1 >= seed_count)
+	if (M->is_cluster || M->mode_known || node + 1 >= M->seed_count)
 		return -1;
 	return node + 1;
 }
@@ -182,8 +191,8 @@ cluster_seed_after(int node)
 bool
 cluster_wants_map(void)
 {
-	return !mode_known || (is_cluster && map_stale && !map_refused &&
-						   clock_monotonic_us() - map_read_us >= CLUSTER_MAP_RETRY_US);
+	return !M->mode_known || (M->is_cluster && M->map_stale && !M->map_refused &&
+						   clock_monotonic_us() - M->map_read_us >= CLUSTER_MAP_RETRY_US);
 }
 
 /*
@@ -194,7 +203,7 @@ cluster_wants_map(void)
 void
 cluster_map_asked(void)
 {
-	map_read_us = clock_monotonic_us();
+	M->map_read_us = clock_monotonic_us();
 }
 
 /*
@@ -205,8 +214,8 @@ cluster_map_asked(void)
 void
 cluster_map_unreadable(void)
 {
-	if (!is_cluster)
-		mode_known = true;
+	if (!M->is_cluster)
+		M->mode_known = true;
 }
 
 /*
@@ -217,8 +226,8 @@ cluster_map_unreadable(void)
 void
 cluster_map_doubt(void)
 {
-	if (is_cluster)
-		map_stale = true;
+	if (M->is_cluster)
+		M->map_stale = true;
 }
 
 /* Copies a bulk string's host into node lookup; "" or "?" means the node asked. */
@@ -230,8 +239,8 @@ map_node(const RespValue *host, const RespValue *port, int from_node)
 		return -1;
 	/* NULL, "" or "?": an unknown endpoint, the node that answered (by its port). */
 	if (host->null || host->length == 0 || (host->length == 1 && host->str[0] == '?'))
-		return nodes[from_node].host[0] ? node_find(nodes[from_node].host,
-													strlen(nodes[from_node].host),
+		return M->nodes[from_node].host[0] ? node_find(M->nodes[from_node].host,
+													strlen(M->nodes[from_node].host),
 													(int) port->integer) : -1;
 	return node_find(host->str, host->length, (int) port->integer);
 }
@@ -252,13 +261,13 @@ cluster_learn_map(const RespValue *reply, int from_node)
 	if (reply->type != RESP_ARRAY || reply->null)
 	{
 		/* No cluster; or one whose ACL refuses the map: its redirects will do. */
-		if (is_cluster)
-			map_refused = true;
-		mode_known = true;
+		if (M->is_cluster)
+			M->map_refused = true;
+		M->mode_known = true;
 		return;
 	}
-	owners = palloc(sizeof(slot_owner));
-	memset(owners, 0xff, sizeof(slot_owner));
+	owners = palloc(sizeof(M->slot_owner));
+	memset(owners, 0xff, sizeof(M->slot_owner));
 	resp_iterate(reply, &ranges);
 	while (resp_next(&ranges, &range))
 	{
@@ -288,18 +297,18 @@ cluster_learn_map(const RespValue *reply, int from_node)
 		for (int64 slot = first.integer; slot <= last.integer; slot++)
 			owners[slot] = (int16) node;
 	}
-	memcpy(slot_owner, owners, sizeof(slot_owner));
+	memcpy(M->slot_owner, owners, sizeof(M->slot_owner));
 	pfree(owners);
-	is_cluster = mode_known = true;
-	map_stale = false;
-	map_read_us = clock_monotonic_us();
+	M->is_cluster = M->mode_known = true;
+	M->map_stale = false;
+	M->map_read_us = clock_monotonic_us();
 	return;
 
 malformed:
 	pfree(owners);
 	/* Not a cluster's map: taken as no cluster, unless it said otherwise before. */
-	if (!is_cluster)
-		mode_known = true;
+	if (!M->is_cluster)
+		M->mode_known = true;
 }
 
 /* True for the text of an error reply that redirects: "MOVED ..." or "ASK ...". */
@@ -326,7 +335,7 @@ cluster_redirect(const char *text, int length, int from_node, bool *ask, int *no
 	long		port = 0;
 
 	/* A Sentinel or unix URL's node is no cluster's: it cannot redirect. */
-	if (seed_count == 0 || nodes[0].host[0] == '\0')
+	if (M->seed_count == 0 || M->nodes[0].host[0] == '\0')
 		return false;
 	if (length > 6 && memcmp(text, "MOVED ", 6) == 0)
 	{
@@ -362,7 +371,7 @@ cluster_redirect(const char *text, int length, int from_node, bool *ask, int *no
 		return false;
 	/* ":port": an unknown endpoint, the host of the node that answered. */
 	if (colon == p)
-		*node = node_find(nodes[from_node].host, strlen(nodes[from_node].host), (int) port);
+		*node = node_find(M->nodes[from_node].host, strlen(M->nodes[from_node].host), (int) port);
 	else
 		*node = node_find(p, colon - p, (int) port);
 	if (*node < 0)
@@ -370,11 +379,11 @@ cluster_redirect(const char *text, int length, int from_node, bool *ask, int *no
 	if (!*ask)
 	{
 		/* A node that redirects is a cluster's, whatever CLUSTER SLOTS said (an ACL may refuse it). */
-		is_cluster = mode_known = true;
-		slot_owner[slot] = (int16) *node;
+		M->is_cluster = M->mode_known = true;
+		M->slot_owner[slot] = (int16) *node;
 		/* Read at once: a slot moved seldom moves alone. */
-		map_stale = true;
-		map_read_us = 0;
+		M->map_stale = true;
+		M->map_read_us = 0;
 	}
 	return true;
 }
@@ -383,11 +392,11 @@ cluster_redirect(const char *text, int length, int from_node, bool *ask, int *no
 bool
 cluster_node_address(int node, const char **host, int *port)
 {
-	Assert(node >= 0 && node < node_count);
-	if (nodes[node].host[0] == '\0')
+	Assert(node >= 0 && node < M->node_count);
+	if (M->nodes[node].host[0] == '\0')
 		return false;
-	*host = nodes[node].host;
-	*port = nodes[node].port;
+	*host = M->nodes[node].host;
+	*port = M->nodes[node].port;
 	return true;
 }
 
@@ -395,8 +404,8 @@ cluster_node_address(int node, const char **host, int *port)
 const char *
 cluster_node_name(int node)
 {
-	Assert(node >= 0 && node < node_count);
-	return nodes[node].name;
+	Assert(node >= 0 && node < M->node_count);
+	return M->nodes[node].name;
 }
 
 /* The node of a name ("host:port"), -1 when this backend knows of none. */
@@ -405,8 +414,8 @@ cluster_node_index(const char *name)
 {
 	if (name[0] == '\0')
 		return -1;
-	for (int i = 0; i < node_count; i++)
-		if (strcmp(nodes[i].name, name) == 0)
+	for (int i = 0; i < M->node_count; i++)
+		if (strcmp(M->nodes[i].name, name) == 0)
 			return i;
 	return -1;
 }
@@ -415,7 +424,7 @@ cluster_node_index(const char *name)
 int
 cluster_node_count(void)
 {
-	return node_count;
+	return M->node_count;
 }
 
 /* How many slots a node owns in this backend's map (0 when not a cluster). */
@@ -424,9 +433,9 @@ cluster_node_slots(int node)
 {
 	int			count = 0;
 
-	if (!is_cluster)
+	if (!M->is_cluster)
 		return 0;
 	for (int slot = 0; slot < CLUSTER_SLOTS; slot++)
-		count += slot_owner[slot] == node;
+		count += M->slot_owner[slot] == node;
 	return count;
 }

@@ -60,8 +60,11 @@ typedef struct RedisConnection
 	int			sent_script_count;
 } RedisConnection;
 
-/* Allocated as nodes are first used. */
-static RedisConnection *connections[REDIS_MAX_NODES];
+/* Per target (url.h), allocated as nodes are first used. */
+static RedisConnection *target_connections[REDIS_MAX_TARGETS][REDIS_MAX_NODES];
+
+/* The connections of the target in use. */
+#define connections (target_connections[redis_url_target()])
 
 /* How often a connection found through Sentinel checks that its node is still the master. */
 static int	sentinel_check_interval_ms = 1000;
@@ -379,10 +382,14 @@ redis_xact_callback(XactEvent event, void *arg)
 {
 	if (event != XACT_EVENT_ABORT && event != XACT_EVENT_PARALLEL_ABORT)
 		return;
-	for (int node = 0; node < REDIS_MAX_NODES; node++)
-		if (connections[node] != NULL && stream_is_open(&connections[node]->stream) &&
-			connections[node]->busy)
-			redis_disconnect(connections[node]);
+	for (int target = 0; target < REDIS_MAX_TARGETS; target++)
+		for (int node = 0; node < REDIS_MAX_NODES; node++)
+		{
+			RedisConnection *connection = target_connections[target][node];
+
+			if (connection != NULL && stream_is_open(&connection->stream) && connection->busy)
+				redis_disconnect(connection);
+		}
 }
 
 /*
@@ -434,11 +441,12 @@ connection_open(int node, int64 deadline, bool *opened, RedisFailure *failure)
 void
 connection_close_stale(void)
 {
-	static uint32 checked_epoch = 0;
+	static uint32 checked_epochs[REDIS_MAX_TARGETS];
+	uint32		checked_epoch = cluster_epoch();
 
-	if (checked_epoch == cluster_epoch())
+	if (checked_epochs[redis_url_target()] == checked_epoch)
 		return;
-	checked_epoch = cluster_epoch();
+	checked_epochs[redis_url_target()] = checked_epoch;
 	for (int node = 0; node < REDIS_MAX_NODES; node++)
 		if (connections[node] != NULL && stream_is_open(&connections[node]->stream) &&
 			!connections[node]->busy && connections[node]->epoch != checked_epoch)

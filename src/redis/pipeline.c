@@ -542,7 +542,7 @@ node_run(Pipeline *pipeline, int node)
  * while waiting.
  */
 bool
-redis_run_scripts(RedisCall *calls, int ncalls, int command_timeout_ms, RedisFailure *failure)
+pipeline_run(RedisCall *calls, int ncalls, int command_timeout_ms, RedisFailure *failure)
 {
 	Pipeline	pipeline = {
 		.calls = calls,

@@ -24,6 +24,7 @@ typedef struct RedisCall
 	const char *const *args;
 	int			nresults;
 	long long  *results;
+	int			target;			/* the Redis it runs in: 0 this server's, else a region's (regions.h) */
 	/* Set by redis_run_scripts: */
 	bool		answered;		/* results hold the script's answer */
 	RedisFailure failure;		/* else why not (kind NONE: its node's breaker is open) */
@@ -37,6 +38,8 @@ typedef struct RedisCall
 	int64		first_sent_us;
 } RedisCall;
 
+extern bool pipeline_run(RedisCall *calls, int ncalls, int command_timeout_ms,
+						 RedisFailure *failure);
 extern bool redis_run_scripts(RedisCall *calls, int ncalls, int command_timeout_ms,
 							  RedisFailure *failure);
 

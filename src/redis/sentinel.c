@@ -23,11 +23,35 @@
 #include "redis/tls.h"
 
 /* The connection to one sentinel, kept between searches. */
-static RedisStream sentinel_stream = REDIS_STREAM_CLOSED;
-static int	sentinel_index = 0;		/* the sentinel it is to (or to ask first) */
-static char *sentinel_for = NULL;	/* the ratelimit.redis_url it was opened for */
-static uint32 sentinel_tls_generation = 0;
-static bool sentinel_busy = false;	/* a question is under way, or was cut off */
+typedef struct SentinelLink
+{
+	RedisStream stream;
+	int			index;			/* the sentinel it is to (or to ask first) */
+	char	   *url;			/* the ratelimit.redis_url it was opened for */
+	uint32		tls_generation;
+	bool		busy;			/* a question is under way, or was cut off */
+} SentinelLink;
+
+/* One per target (url.h): a region's Redis may be found through its own sentinels. */
+static SentinelLink links[REDIS_MAX_TARGETS];
+static bool links_ready = false;
+
+#define L (sentinel_link())
+
+/* The link of the target in use, closed the first time. */
+static SentinelLink *
+sentinel_link(void)
+{
+	if (!links_ready)
+	{
+		RedisStream closed = REDIS_STREAM_CLOSED;
+
+		for (int i = 0; i < REDIS_MAX_TARGETS; i++)
+			links[i].stream = closed;
+		links_ready = true;
+	}
+	return &links[redis_url_target()];
+}
 
 /* What one sentinel answered, for found_master. */
 typedef struct SentinelAnswer
@@ -93,11 +117,11 @@ found_master(int index, const RespValue *reply, void *arg)
 static void
 sentinel_close(void)
 {
-	stream_close(&sentinel_stream);
-	if (sentinel_for != NULL)
-		pfree(sentinel_for);
-	sentinel_for = NULL;
-	sentinel_busy = false;
+	stream_close(&L->stream);
+	if (L->url != NULL)
+		pfree(L->url);
+	L->url = NULL;
+	L->busy = false;
 	exchange_reset();
 }
 
@@ -105,12 +129,12 @@ sentinel_close(void)
 static bool
 sentinel_usable(void)
 {
-	if (!stream_is_open(&sentinel_stream))
+	if (!stream_is_open(&L->stream))
 		return false;
-	if (!sentinel_busy && sentinel_for != NULL &&
-		strcmp(sentinel_for, redis_url_current()) == 0 &&
-		sentinel_tls_generation == tls_settings_generation() &&
-		stream_idle_and_open(&sentinel_stream))
+	if (!L->busy && L->url != NULL &&
+		strcmp(L->url, redis_url_current()) == 0 &&
+		L->tls_generation == tls_settings_generation() &&
+		stream_idle_and_open(&L->stream))
 		return true;
 	sentinel_close();
 	return false;
@@ -130,7 +154,7 @@ ask_sentinel(const RedisUrl *url, int i, const char *password, int64 deadline,
 	bool		asked;
 
 	memset(answer, 0, sizeof(*answer));
-	if (!sentinel_usable() || sentinel_index != i)
+	if (!sentinel_usable() || L->index != i)
 	{
 		RedisEndpoint endpoint = {.host = url->sentinels[i].host,.port = url->sentinels[i].port};
 		int64		remaining_ms = (deadline - clock_monotonic_us()) / 1000;
@@ -139,16 +163,16 @@ ask_sentinel(const RedisUrl *url, int i, const char *password, int64 deadline,
 		sentinel_close();
 		if (remaining_ms < 1)
 			return redis_fail(failure, REDIS_FAILURE_TIMEOUT, "no sentinel answered in time");
-		sentinel_busy = true;
-		if (!stream_open(&sentinel_stream, &endpoint, url->tls, (int) remaining_ms, deadline,
+		L->busy = true;
+		if (!stream_open(&L->stream, &endpoint, url->tls, (int) remaining_ms, deadline,
 						 &connect_deadline, failure))
 		{
-			sentinel_busy = false;
+			L->busy = false;
 			return false;
 		}
-		sentinel_index = i;
-		sentinel_for = MemoryContextStrdup(TopMemoryContext, redis_url_current());
-		sentinel_tls_generation = tls_settings_generation();
+		L->index = i;
+		L->url = MemoryContextStrdup(TopMemoryContext, redis_url_current());
+		L->tls_generation = tls_settings_generation();
 		exchange_reset();
 		if (password != NULL)
 		{
@@ -164,10 +188,10 @@ ask_sentinel(const RedisUrl *url, int i, const char *password, int64 deadline,
 	}
 	else
 		exchange_reset();
-	sentinel_busy = true;
+	L->busy = true;
 	out = exchange_output();
 	resp_append_command(out, 3, argv);
-	asked = exchange_run(&sentinel_stream, answer->replies + 1, deadline, 0, found_master, answer,
+	asked = exchange_run(&L->stream, answer->replies + 1, deadline, 0, found_master, answer,
 						 failure);
 	if (!asked || answer->refused)
 	{
@@ -179,7 +203,7 @@ ask_sentinel(const RedisUrl *url, int i, const char *password, int64 deadline,
 			failure->kind = REDIS_FAILURE_SENTINEL;
 		return false;
 	}
-	sentinel_busy = false;
+	L->busy = false;
 	return true;
 }
 
@@ -203,7 +227,7 @@ sentinel_find_master(const RedisUrl *url, int timeout_ms, int64 deadline, RedisH
 		search_deadline = Min(search_deadline, deadline);
 	if (!secret_sentinel_password(&password, &problem))
 		return redis_fail(failure, REDIS_FAILURE_CONFIG, problem);
-	first = sentinel_index % url->nsentinels;
+	first = L->index % url->nsentinels;
 	for (int n = 0; n < url->nsentinels; n++)
 	{
 		int			i = (first + n) % url->nsentinels;
@@ -225,7 +249,7 @@ sentinel_find_master(const RedisUrl *url, int timeout_ms, int64 deadline, RedisH
 		return true;
 	}
 	/* Next time, start with the sentinel after the one asked first now. */
-	sentinel_index = (first + 1) % url->nsentinels;
+	L->index = (first + 1) % url->nsentinels;
 	if (unknown)
 		return redis_fail(failure, REDIS_FAILURE_SENTINEL, "no sentinel knows the master");
 	if (failure->kind != REDIS_FAILURE_PERMISSION)

@@ -33,6 +33,10 @@ static char *url_setting = NULL;
 /* Whether the value was set for the whole server; a count of its changes. */
 static bool url_server_wide = true;
 static uint32 url_changes = 0;
+/* The Redis the calls go to now: target 0, the URL above, or a region's (regions.c). */
+static int	url_target = 0;
+static const char *target_url = NULL;
+static uint32 target_changes = 0;
 
 /* Value of one hex digit, or -1. */
 static int
@@ -494,23 +498,48 @@ redis_url_init(void)
 							   check_redis_url, assign_redis_url, NULL);
 }
 
+/*
+ * Sends the next calls to target (regions.c): 0, ratelimit.redis_url; else
+ * url, a region's, whose list changed changes times. What each target's
+ * connections and cluster map hold is kept apart (connection.c, cluster.c).
+ */
+void
+redis_url_use_target(int target, const char *url, uint32 changes)
+{
+	url_target = target;
+	target_url = url;
+	target_changes = changes;
+}
+
+/* The target in use (0: ratelimit.redis_url). */
+int
+redis_url_target(void)
+{
+	return url_target;
+}
+
 /* The URL now ("" when unset). */
 const char *
 redis_url_current(void)
 {
+	if (url_target > 0)
+		return target_url;
 	return url_setting ? url_setting : "";
 }
 
-/* True when the URL now was set for the whole server, not by a session, role or database. */
+/*
+ * True when the URL now was set for the whole server, not by a session, role
+ * or database (a region's always is).
+ */
 bool
 redis_url_is_server_wide(void)
 {
-	return url_server_wide;
+	return url_target > 0 || url_server_wide;
 }
 
-/* A number that changes whenever the URL does. */
+/* A number that changes whenever the URL does, another for each target. */
 uint32
 redis_url_generation(void)
 {
-	return url_changes;
+	return ((url_target > 0 ? target_changes : url_changes) << 4) | (uint32) url_target;
 }

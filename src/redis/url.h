@@ -8,6 +8,8 @@
 /* The most sentinels, or cluster nodes to start from, one URL may name. */
 #define REDIS_MAX_SENTINELS 16
 #define REDIS_MAX_SEEDS 16
+/* The Redis servers a backend sends to: its own and up to 8 regions' (regions.h). */
+#define REDIS_MAX_TARGETS 9
 
 typedef struct RedisHostPort
 {
@@ -39,6 +41,8 @@ extern void redis_url_init(void);
 extern const char *redis_url_current(void);
 extern bool redis_url_is_server_wide(void);
 extern uint32 redis_url_generation(void);
+extern void redis_url_use_target(int target, const char *url, uint32 changes);
+extern int	redis_url_target(void);
 extern bool redis_url_parse(const char *url, RedisUrl *out, const char **problem);
 
 #endif							/* RL_REDIS_URL_H */

@@ -1,0 +1,14 @@
+/*
+ * placement.h
+ *	  Which Redis a policy's calls go to (placement.c).
+ */
+#ifndef RL_PLACEMENT_H
+#define RL_PLACEMENT_H
+
+#include "policy/policy.h"
+
+extern int	placement_target(const Policy *policy);
+extern int	placement_target_of_home(const Policy *policy);
+extern void placement_refuse_split(const Policy *policy, const char *what);
+
+#endif							/* RL_PLACEMENT_H */
