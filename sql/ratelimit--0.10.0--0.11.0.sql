@@ -13,14 +13,14 @@ ALTER TABLE @extschema@.rl_policy
                OR region_mode OPERATOR(pg_catalog.=) ANY (ARRAY['independent', 'home', 'split'])),
     ADD CONSTRAINT rl_policy_home_region_check
         CHECK (CASE WHEN region_mode OPERATOR(pg_catalog.=) ANY (ARRAY['home', 'split'])
-                    THEN home_region OPERATOR(pg_catalog.~) '^[A-Za-z0-9_.-]{1,63}$'
+                    THEN home_region IS NOT NULL AND home_region OPERATOR(pg_catalog.~) '^[A-Za-z0-9_.-]{1,63}$'
                     ELSE home_region IS NULL END),
     ADD CONSTRAINT rl_policy_region_split_check
         CHECK (region_mode IS DISTINCT FROM 'split'
                OR algorithm OPERATOR(pg_catalog.=) 'fixed_window' AND allowance IS NULL AND max_debt IS NULL),
     ADD CONSTRAINT rl_policy_region_base_check
         CHECK (region_base IS NULL
-               OR region_mode OPERATOR(pg_catalog.=) 'split' AND region_base OPERATOR(pg_catalog.>=) 0
+               OR region_mode IS NOT DISTINCT FROM 'split' AND region_base OPERATOR(pg_catalog.>=) 0
                   AND region_base OPERATOR(pg_catalog.<=) capacity),
     ADD CONSTRAINT rl_policy_region_home_check
         CHECK (region_mode IS DISTINCT FROM 'home' OR allowance IS NULL);
@@ -77,3 +77,52 @@ BEGIN
     RETURN NEW;
 END
 $$;
+
+-- rl_define returns the row: made again, so that the row it returns has the new columns
+-- (a SQL-standard body is bound when created).
+CREATE OR REPLACE FUNCTION @extschema@.rl_define(name text, amount bigint, per interval,
+                                      burst bigint DEFAULT NULL, fail_mode text DEFAULT NULL,
+                                      idle_ttl interval DEFAULT NULL,
+                                      local_share numeric DEFAULT NULL,
+                                      algorithm text DEFAULT 'token_bucket',
+                                      time_zone text DEFAULT NULL,
+                                      allowance bigint DEFAULT NULL,
+                                      allowance_ttl interval DEFAULT NULL,
+                                      max_debt bigint DEFAULT NULL,
+                                      replay_window interval DEFAULT NULL)
+RETURNS @extschema@.rl_policy
+LANGUAGE sql
+BEGIN ATOMIC
+    INSERT INTO @extschema@.rl_policy AS p
+        (name, algorithm, capacity, refill_amount, refill_period, idle_ttl, fail_mode, local_share,
+         time_zone, allowance, allowance_ttl, max_debt, replay_window)
+    VALUES (rl_define.name, rl_define.algorithm, coalesce(rl_define.burst, rl_define.amount),
+            CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra'])
+                 THEN rl_define.amount END,
+            rl_define.per, rl_define.idle_ttl,
+            coalesce(rl_define.fail_mode, 'closed'), coalesce(rl_define.local_share, 1),
+            coalesce(rl_define.time_zone, 'UTC'), rl_define.allowance,
+            coalesce(rl_define.allowance_ttl, '1 second'),
+            CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra', 'fixed_window'])
+                 THEN rl_define.max_debt END,
+            coalesce(rl_define.replay_window, '1 hour'))
+    ON CONFLICT (name) DO UPDATE
+    SET algorithm = rl_define.algorithm,
+        capacity = coalesce(rl_define.burst, rl_define.amount),
+        refill_amount = CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra'])
+                             THEN rl_define.amount END,
+        refill_period = rl_define.per,
+        idle_ttl = CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) p.algorithm
+                        THEN coalesce(rl_define.idle_ttl, p.idle_ttl) ELSE rl_define.idle_ttl END,
+        fail_mode = coalesce(rl_define.fail_mode, p.fail_mode),
+        local_share = coalesce(rl_define.local_share, p.local_share),
+        time_zone = coalesce(rl_define.time_zone, CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) 'fixed_window'
+                                                      THEN p.time_zone ELSE 'UTC' END),
+        allowance = CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra', 'fixed_window'])
+                         THEN coalesce(rl_define.allowance, p.allowance) ELSE rl_define.allowance END,
+        allowance_ttl = coalesce(rl_define.allowance_ttl, p.allowance_ttl),
+        max_debt = CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra', 'fixed_window'])
+                        THEN coalesce(rl_define.max_debt, p.max_debt) ELSE rl_define.max_debt END,
+        replay_window = coalesce(rl_define.replay_window, p.replay_window)
+    RETURNING *;
+END;

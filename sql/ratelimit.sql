@@ -233,14 +233,14 @@ CREATE TABLE @extschema@.rl_policy (
                OR region_mode OPERATOR(pg_catalog.=) ANY (ARRAY['independent', 'home', 'split'])),
     CONSTRAINT rl_policy_home_region_check
         CHECK (CASE WHEN region_mode OPERATOR(pg_catalog.=) ANY (ARRAY['home', 'split'])
-                    THEN home_region OPERATOR(pg_catalog.~) '^[A-Za-z0-9_.-]{1,63}$'
+                    THEN home_region IS NOT NULL AND home_region OPERATOR(pg_catalog.~) '^[A-Za-z0-9_.-]{1,63}$'
                     ELSE home_region IS NULL END),
     CONSTRAINT rl_policy_region_split_check
         CHECK (region_mode IS DISTINCT FROM 'split'
                OR algorithm OPERATOR(pg_catalog.=) 'fixed_window' AND allowance IS NULL AND max_debt IS NULL),
     CONSTRAINT rl_policy_region_base_check
         CHECK (region_base IS NULL
-               OR region_mode OPERATOR(pg_catalog.=) 'split' AND region_base OPERATOR(pg_catalog.>=) 0
+               OR region_mode IS NOT DISTINCT FROM 'split' AND region_base OPERATOR(pg_catalog.>=) 0
                   AND region_base OPERATOR(pg_catalog.<=) capacity),
     CONSTRAINT rl_policy_region_home_check
         CHECK (region_mode IS DISTINCT FROM 'home' OR allowance IS NULL)

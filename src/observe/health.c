@@ -11,10 +11,12 @@
 
 #include "base/log_limit.h"
 #include "observe/health.h"
+#include "policy/placement.h"
 #include "redis/breaker.h"
+#include "redis/regions.h"
 
-/* Whether a failure line was logged since the last "answers again" line. */
-static bool failure_logged = false;
+/* Per Redis (regions.h): whether a failure line was logged since its last "answers again". */
+static bool failure_logged[REDIS_MAX_TARGETS];
 
 /* Notes a Redis call made for policy: answered, or why not. */
 void
@@ -23,34 +25,37 @@ health_note(const Policy *policy, bool answered, const RedisFailure *failure)
 	char		line_class[256];
 	int64		held_back;
 	char	   *held_back_text;
+	/* A region's Redis is named: "ratelimit: Redis of region "us" cannot answer". */
+	int			target = failure->kind == REDIS_FAILURE_NONE ? placement_target(policy) : failure->target;
+	const char *of = target > 0 ? psprintf(" of region \"%s\"", regions_name_of(target)) : "";
 
 	/* A call the breaker skipped says nothing new. */
 	if (!answered && failure->kind == REDIS_FAILURE_NONE)
 		return;
 	if (failure->kind == REDIS_FAILURE_NONE)
 	{
-		if (failure_logged)
+		if (failure_logged[target])
 			ereport(LOG,
 					(errhidestmt(true),
 					 errhidecontext(true),
-					 errmsg("ratelimit: Redis answers again"),
+					 errmsg("ratelimit: Redis%s answers again", of),
 					 errdetail("Policy \"%s\" was decided by Redis.", policy->name)));
-		failure_logged = false;
+		failure_logged[target] = false;
 		return;
 	}
-	/* One line per class and node (a cluster's), not per decision. */
-	snprintf(line_class, sizeof(line_class), "redis %s: %s %s",
-			 redis_failure_kind_name(failure->kind), failure->detail, failure->node);
+	/* One line per class, Redis and node (a cluster's), not per decision. */
+	snprintf(line_class, sizeof(line_class), "redis %s: %s %d %s",
+			 redis_failure_kind_name(failure->kind), failure->detail, target, failure->node);
 	if (!log_limit_allow(line_class, breaker_retry_interval_ms, &held_back))
 		return;
-	failure_logged = true;
+	failure_logged[target] = true;
 	held_back_text = held_back == 0 ? "" :
 		psprintf(" " INT64_FORMAT " more like it were not logged since the last one.", held_back);
 	if (failure->kind == REDIS_FAILURE_PERMISSION)
 		ereport(LOG,
 				(errhidestmt(true),
 				 errhidecontext(true),
-				 errmsg("ratelimit: Redis refused a command: the ACL of its user does not allow %s (permission)",
+				 errmsg("ratelimit: Redis%s refused a command: the ACL of its user does not allow %s (permission)", of,
 						failure->detail),
 				 errdetail("Policy \"%s\" decides by its fail mode \"%s\" while Redis refuses.%s",
 						   policy->name, policy_fail_mode_name(policy->fail_mode), held_back_text),
@@ -59,7 +64,7 @@ health_note(const Policy *policy, bool answered, const RedisFailure *failure)
 		ereport(LOG,
 				(errhidestmt(true),
 				 errhidecontext(true),
-				 errmsg("ratelimit: Redis refuses to serve without the right password (authentication: %s)",
+				 errmsg("ratelimit: Redis%s refuses to serve without the right password (authentication: %s)", of,
 						failure->detail),
 				 errdetail("Policy \"%s\" decides by its fail mode \"%s\" until Redis answers.%s",
 						   policy->name, policy_fail_mode_name(policy->fail_mode), held_back_text),
@@ -69,9 +74,9 @@ health_note(const Policy *policy, bool answered, const RedisFailure *failure)
 				(errhidestmt(true),
 				 errhidecontext(true),
 				 failure->node[0] == '\0' ?
-				 errmsg("ratelimit: Redis cannot answer (%s: %s)",
+				 errmsg("ratelimit: Redis%s cannot answer (%s: %s)", of,
 						redis_failure_kind_name(failure->kind), failure->detail) :
-				 errmsg("ratelimit: Redis node %s cannot answer (%s: %s)", failure->node,
+				 errmsg("ratelimit: Redis%s node %s cannot answer (%s: %s)", of, failure->node,
 						redis_failure_kind_name(failure->kind), failure->detail),
 				 errdetail("Policy \"%s\" decides by its fail mode \"%s\" until Redis answers.%s",
 						   policy->name, policy_fail_mode_name(policy->fail_mode), held_back_text)));

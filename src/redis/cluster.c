@@ -112,6 +112,12 @@ cluster_prepare(void)
 	{
 		/* Sentinel, unix, or a URL connecting will refuse: one node, found elsewhere. */
 		memset(&M->nodes[0], 0, sizeof(M->nodes[0]));
+		/*
+		 * Its breaker is named "" (the server's Redis); a region's by its
+		 * target, so that one Redis's outage never opens another's breaker.
+		 */
+		if (redis_url_target() > 0)
+			snprintf(M->nodes[0].name, sizeof(M->nodes[0].name), "(region %d)", redis_url_target());
 		M->node_count = 1;
 	}
 	M->seed_count = M->node_count;

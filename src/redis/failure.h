@@ -58,6 +58,8 @@ typedef struct RedisFailure
 	bool		answering;
 	/* The cluster node it came from, "host:port" ("" when not a cluster). */
 	char		node[64];
+	/* The Redis it came from: 0 this server's, else a region's (regions.h). */
+	int			target;
 } RedisFailure;
 
 extern bool redis_fail(RedisFailure *failure, RedisFailureKind kind, const char *detail);

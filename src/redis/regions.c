@@ -239,3 +239,12 @@ regions_use(int target)
 	else
 		redis_url_use_target(target, regions[target - 1].url, regions_changes);
 }
+
+/* The name of target's region ("" for target 0, this server's own Redis). */
+const char *
+regions_name_of(int target)
+{
+	if (target <= 0 || target > nregions)
+		return "";
+	return regions[target - 1].name;
+}

@@ -18,5 +18,6 @@ extern int	regions_count(void);
 extern int	regions_total(void);
 extern int	regions_target_of(const char *name);
 extern void regions_use(int target);
+extern const char *regions_name_of(int target);
 
 #endif							/* RL_REGIONS_H */

@@ -45,6 +45,10 @@ run_in_target(int target, RedisCall *calls, int ncalls, int command_timeout_ms,
 		regions_use(0);
 	}
 	PG_END_TRY();
+	/* What failed says where: the health lines name the region. */
+	failure->target = target;
+	for (int i = 0; i < ncalls; i++)
+		calls[i].failure.target = target;
 	return answered;
 }
 

@@ -18,7 +18,8 @@ use RateLimitTest::Children ();
 
 # Starts, in a child process, a TCP proxy on 127.0.0.1 to target_port that holds
 # every byte for delay_ms in each direction, as a Redis that far away would
-# (a round trip of twice delay_ms). Options: target_port, delay_ms, lifetime (s),
+# (a round trip of twice delay_ms). Options: target_port, delay_ms, lifetime (s), port
+# (to listen on: another proxy's, stopped, to heal a partition; default a free one),
 # cut_after_s: once a connection is that old, the next bytes from the target reach the
 # client only in part (10 bytes: a TLS record cut short) and nothing more follows.
 sub new
@@ -26,7 +27,7 @@ sub new
 	my ($class, %opt) = @_;
 	my $listener = IO::Socket::INET->new(
 		LocalAddr => '127.0.0.1',
-		LocalPort => 0,
+		LocalPort => $opt{port} // 0,
 		Listen => 64,
 		ReuseAddr => 1) or die "could not listen: $!";
 	my $self = bless { port => $listener->sockport }, $class;
