@@ -40,7 +40,8 @@ for my $name (
 	sliding_window/refund sliding_log/take sliding_log/peek sliding_log/refund
 	concurrency/acquire concurrency/release concurrency/peek concurrency/leave group reset
 	token_bucket/book token_bucket/owe gcra/book gcra/owe fixed_window/book fixed_window/owe
-	token_bucket/take_one+once token_bucket/book+once sliding_log/take+once group+once))
+	token_bucket/take_one+once token_bucket/book+once sliding_log/take+once group+once
+	region/share_one region/lease_one region/deposit_one))
 {
 	# name+once: the script made once per request id (lua/once.lua).
 	my ($file, $once) = $name =~ /^(.*?)(\+once)?$/;
@@ -229,6 +230,21 @@ subtest 'token bucket, gcra, fixed and sliding window at their bounds' => sub {
 		args => [ '', @f, $cap, $cap, 3000, 4000, 2000, 0 ], want => qr/^\{1, 0, 0, 1000, 1000\}$/);
 	bounded('fixed_window owe', setup => sub { $db->command('SET', 'f', 1) }, script => 'fixed_window/owe',
 		keys => ['f'], args => [ '', 1000, 1000, 1000, 2000, 1000 ], want => qr/^\{1000, 0, 1000, 1000\}$/);
+
+	# Regions (0.11.0): a split window's share, a lease of the home region's rest, its deposit.
+	bounded('region share: cost = share = 2^53 - 2', setup => sub { $db->command('DEL', 'f', 'f:lease') },
+		script => 'region/share_one', keys => [ 'f', 'f:lease' ], args => [ '', $cap, $cap, 1000, 2000 ],
+		want => qr/^\{1, 0, 0, 1000, 0, 0\}$/);
+	bounded('region share: the share spent, the cost from a lease of 2^53 - 2',
+		setup => sub { $db->command('SET', 'f', $cap); $db->command('SET', 'f:lease', "$cap $cap") },
+		script => 'region/share_one', keys => [ 'f', 'f:lease' ], args => [ '', $cap, $cap, 1000, 2000 ],
+		want => qr/^\{1, 0, 0, 1000, 0, $cap\}$/);
+	bounded('region lease: 2^53 - 2 of the rest', setup => sub { $db->command('DEL', 'f') },
+		script => 'region/lease_one', keys => ['f'], args => [ '', $cap, 1, 1000, 2000, $cap ],
+		want => qr/^\{$cap, 0, 0, 1000\}$/);
+	bounded('region deposit: 2^53 - 2 kept', setup => sub { $db->command('DEL', 'f:lease') },
+		script => 'region/deposit_one', keys => ['f:lease'], args => [ '', $cap, $cap, 1000 ],
+		want => qr/^\{$cap\}$/);
 };
 
 #

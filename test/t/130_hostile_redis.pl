@@ -196,6 +196,42 @@ foreach my $case (
 	$fake->stop;
 }
 
+# (3x) Replies no Redis sends to the scripts of 0.11.0's regions: a split policy's share
+# that says "short" with a mark of 7, or a negative count leased; a home region's lease of
+# more tokens than its rest holds. Each is a protocol failure decided by the fail mode,
+# never a grant. The home region is a fake too (ratelimit.regions, for a while).
+{
+	my $home = fake_redis_start(reply => sub { $_[0] eq 'EVALSHA' ? "*4\r\n:1000000\r\n:0\r\n:0\r\n:1000\r\n" : "-ERR unexpected\r\n" });
+	$node->safe_psql('postgres', sprintf(q{
+		ALTER SYSTEM SET ratelimit.region = 'here';
+		ALTER SYSTEM SET ratelimit.regions = 'home=%s';
+		SELECT pg_reload_conf();
+		INSERT INTO rl_policy (name, algorithm, capacity, refill_period, region_mode, home_region)
+		VALUES ('h.split', 'fixed_window', 10, '1 hour', 'split', 'home');
+	}, $home->url));
+	my $r = session($node);
+	foreach my $case (
+		[ 'a share with a short mark of 7', "*6\r\n:0\r\n:0\r\n:0\r\n:0\r\n:7\r\n:0\r\n" ],
+		[ 'a share with a negative lease', "*6\r\n:0\r\n:0\r\n:0\r\n:0\r\n:1\r\n:-5\r\n" ],
+		[ 'a lease of a million from a rest of 10', "*6\r\n:0\r\n:0\r\n:0\r\n:1000\r\n:1\r\n:0\r\n" ])
+	{
+		my ($name, $bytes) = @$case;
+		my $fake = fake_redis_start(reply => sub { $_[0] eq 'EVALSHA' ? $bytes : "-ERR unexpected\r\n" });
+		set_url($r, $fake->url);
+		is($r->query(q{SELECT allowed, source FROM rl_consume('h.split', 'rx')}), 'f|fail_closed',
+			"(3x) $name: the fail mode decides, never a grant");
+		$fake->stop;
+	}
+	$r->quit;
+	$home->stop;
+	$node->safe_psql('postgres', q{
+		DELETE FROM rl_policy WHERE name = 'h.split';
+		ALTER SYSTEM RESET ratelimit.region;
+		ALTER SYSTEM RESET ratelimit.regions;
+		SELECT pg_reload_conf();
+	});
+}
+
 # (3a'') A Redis older than 7 knows no shebang: a peek's script (marked no-writes for
 # Redis 7, so that replicas and EVALSHA_RO may run it) fails to compile there. No Redis 6
 # is installed here: this fake answers as one does (NOSCRIPT, then the compile error for a

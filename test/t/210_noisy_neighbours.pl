@@ -13,7 +13,8 @@
 # naming a hot subject), the deny cache (crafted collisions; the local buckets' are in t/075),
 # and the scripts Redis runs for everyone (the sliding log at its bounds, groups of 32
 # checks), waits (a crowd waiting and cancelled; a crowd waiting for a lease; bookings bounded
-# per subject).
+# per subject), regions (a region whose Redis is silent: its breaker apart from this
+# server's; the shares and leases of split policies are in t/220).
 
 use strict;
 use warnings;
@@ -349,6 +350,37 @@ my $storm_batch = 'SELECT count(*) FROM rl_consume_many(\'nn.att\', ' . subjects
 	is_deeply([ map { "$_->{source}/$_->{allowed}" } @got ], [ 'redis/t', 'redis/t', 'redis/f' ],
 		'crafted collisions: the victim gets its own 2 tokens from Redis, then its own denial');
 	$_->quit for $victim, $attacker;
+}
+
+###
+### Regions (0.11.0): a role deciding on a policy homed in a region whose Redis is silent
+### (paused) times out there, and that region's breaker opens; the victims, on this server's
+### own Redis, decide as in the control, in which the same role decides on a policy homed
+### in a region whose Redis answers, and this server's breaker stays closed.
+###
+{
+	my $silent = redis_start(name => 'noisy_far_silent');
+	my $answering = redis_start(name => 'noisy_far');
+	$node->safe_psql('postgres', sprintf(q{
+		ALTER SYSTEM SET ratelimit.region = 'here';
+		ALTER SYSTEM SET ratelimit.regions = 'here=%s far=%s silent=%s';
+		SELECT pg_reload_conf();
+		INSERT INTO rl_policy (name, algorithm, capacity, refill_period, region_mode, home_region)
+		VALUES ('nn.far', 'fixed_window', 1000000, '1 hour', 'home', 'far'),
+		       ('nn.silent', 'fixed_window', 1000000, '1 hour', 'home', 'silent');
+	}, $redis->url, $answering->url, $silent->url));
+	$silent->pause;
+	row('a role deciding in a region whose Redis is silent',
+		q{SELECT count(*) FROM generate_series(1, 40) g, LATERAL rl_consume('nn.far', 'rg' || g) r;},
+		q{SELECT count(*) FROM generate_series(1, 40) g, LATERAL rl_consume('nn.silent', 'rg' || g) r;});
+	like($node->safe_psql('postgres', 'SELECT string_agg(source, \',\') FROM rl_consume(\'nn.silent\', \'probe\')'),
+		qr/^fail_closed$/, 'regions: the silent region\'s own breaker decides its policy by the fail mode');
+	$silent->resume;
+	$node->safe_psql('postgres', q{
+		ALTER SYSTEM RESET ratelimit.region;
+		ALTER SYSTEM RESET ratelimit.regions;
+		SELECT pg_reload_conf();
+	});
 }
 
 is($node->safe_psql('postgres', 'SELECT pg_postmaster_start_time() = pg_postmaster_start_time()'), 't',
