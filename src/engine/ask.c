@@ -7,7 +7,9 @@
 #include "prelude.h"
 
 #include "base/clock.h"
+#include "algorithm/window.h"
 #include "engine/ask.h"
+#include "policy/placement.h"
 #include "policy/subject.h"
 
 /* The Redis key of request's bucket: the one fixed in advance, or built now (palloc'd). */
@@ -100,6 +102,9 @@ ask_call(const DecisionRequest *request, LimitMode mode, const char *key, int64 
 	if (request->refund_id != NULL)
 		mark = psprintf("%s:refund:%s", key, request->refund_id);
 	limit_ops(params)->call(params, script, key, request->cost, at_ms, mark, &part);
+	/* A split policy's peek looks at this region's share of the window (engine/region.c). */
+	if (mode == LIMIT_PEEK && request->policy.region_mode == REGION_MODE_SPLIT)
+		part.args[0] = window_number(placement_share(&request->policy));
 	if (mode == LIMIT_REFUND && mark != NULL && request->request_id != NULL)
 		part.keys[part.nkeys++] = request_key(request, key);
 	if (script == LIMIT_SLICE)

@@ -101,7 +101,7 @@ ledger_add(const LedgerOps *ops, Size size, bool session, bool ends_with_commit)
 	entry->subxact = GetCurrentSubTransactionId();
 	entry->session = session;
 	entry->ends_with_commit = ends_with_commit;
-	entry->redis_url = pstrdup(redis_url_current());
+	entry->redis_url = pstrdup(redis_url_own());
 	entries = lappend(entries, entry);
 	MemoryContextSwitchTo(old_context);
 	if (!exit_callback_registered)
@@ -262,7 +262,7 @@ ledger_settle(List *due, bool exiting)
 	int			count = list_length(due);
 	RedisCall  *calls = palloc0(count * sizeof(RedisCall));
 	LedgerEntry **asked = palloc(count * sizeof(LedgerEntry *));
-	const char *url = redis_url_current();
+	const char *url = redis_url_own();
 	LedgerLoss *found = NULL;
 	ListCell   *cell;
 	int			n = 0;

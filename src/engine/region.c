@@ -42,32 +42,6 @@ region_splits(const DecisionRequest *request)
 	return request->policy.region_mode == REGION_MODE_SPLIT && request->mode == LIMIT_TAKE;
 }
 
-static bool
-is_home(const Policy *policy)
-{
-	return strcmp(regions_own(), policy->home_region) == 0;
-}
-
-/* Each region's share of a window but the home one's: region_base, else capacity / 2N. */
-static int64
-base_share(const Policy *policy)
-{
-	int64		capacity = policy->bucket.capacity;
-
-	if (policy->region_base >= 0)
-		return Min(policy->region_base, capacity);
-	return capacity / (2 * Max(regions_total(), 1));
-}
-
-/* The home region's rest of a window: what the other regions' shares leave. */
-static int64
-home_rest(const Policy *policy)
-{
-	int64		others = (int64) Max(regions_total() - 1, 0) * base_share(policy);
-
-	return Max(policy->bucket.capacity - others, 0);
-}
-
 /* The window's key and numbers for request at at_ms (the fixed window's take). */
 static void
 window_part(const DecisionRequest *request, const char *key, int64 at_ms, LimitCall *part)
@@ -89,8 +63,8 @@ region_share_call(const DecisionRequest *request, const char *key, int64 at_ms, 
 
 	window_part(request, key, at_ms, &part);
 	part.script = &share_script;
-	part.args[0] = window_number(is_home(policy) ? home_rest(policy) : base_share(policy));
-	if (!is_home(policy))
+	part.args[0] = window_number(placement_share(policy));
+	if (!placement_is_home(policy))
 		part.keys[part.nkeys++] = psprintf("%s:lease", part.keys[0]);
 	ask_call_of(&part, NULL, 0, SHARE_RESULTS, call);
 	call->target = 0;
@@ -124,7 +98,8 @@ region_share_finish(const DecisionRequest *request, const char *key, int64 at_ms
 	int64		taken;
 	int64		left;
 
-	if (results[4] < 0 || results[4] > 1 || results[5] < 0)
+	if (results[4] < 0 || results[4] > 1 || results[5] < 0 || results[5] > policy->bucket.capacity ||
+		results[1] < 0 || results[1] > 2 * policy->bucket.capacity)
 	{
 		call->answered = false;
 		redis_fail(&call->failure, REDIS_FAILURE_PROTOCOL, "unexpected reply");
@@ -135,11 +110,11 @@ region_share_finish(const DecisionRequest *request, const char *key, int64 at_ms
 	if (results[4] != 1)
 		return;
 	window_part(request, key, at_ms, &part);
-	most = Min(Max(Max(request->cost, (int64) results[5]), Max(base_share(policy), 1)),
-			   home_rest(policy));
+	most = Min(Max(Max(request->cost, (int64) results[5]), Max(placement_base_share(policy), 1)),
+			   placement_home_rest(policy));
 	most = Max(most, request->cost);
 	part.script = &lease_script;
-	part.args[0] = window_number(home_rest(policy));
+	part.args[0] = window_number(placement_home_rest(policy));
 	ask_call_of(&part, &most, 1, 4, &lease);
 	lease.target = placement_target_of_home(policy);
 	if (!run_one(&lease))
@@ -150,7 +125,7 @@ region_share_finish(const DecisionRequest *request, const char *key, int64 at_ms
 		return;
 	}
 	taken = lease.results[0];
-	if (taken < 0 || taken > home_rest(policy) || (taken > 0 && taken < request->cost))
+	if (taken < 0 || taken > placement_home_rest(policy) || (taken > 0 && taken < request->cost))
 	{
 		call->answered = false;
 		redis_fail(&call->failure, REDIS_FAILURE_PROTOCOL, "unexpected reply");
@@ -167,7 +142,8 @@ region_share_finish(const DecisionRequest *request, const char *key, int64 at_ms
 	results[0] = 1;
 	results[1] += taken - request->cost;
 	results[2] = 0;
-	left = lease.results[3] - (clock_monotonic_us() - asked_us + 999) / 1000;
+	/* The window's time left as this server chose it (the home region only echoes it). */
+	left = Min((int64) lease.results[3], (int64) results[3]) - (clock_monotonic_us() - asked_us + 999) / 1000;
 	if (taken > request->cost && left > 0)
 	{
 		/* Kept for the rest of the window (lost, never granted twice, if Redis cannot keep it). */

@@ -25,6 +25,7 @@
 #include "engine/denial.h"
 #include "engine/ledger.h"
 #include "engine/reservation.h"
+#include "policy/placement.h"
 #include "policy/subject.h"
 #include "redis/url.h"
 
@@ -112,7 +113,7 @@ reservation_remember(const DecisionRequest *request, DecisionSource source)
 	if (last != NULL && last->entry.ops == &reservation_ops && last->source == source &&
 		request->request_id == NULL && last->request.request_id == NULL &&
 		last->entry.subxact == GetCurrentSubTransactionId() &&
-		strcmp(last->entry.redis_url, redis_url_current()) == 0 &&
+		strcmp(last->entry.redis_url, redis_url_own()) == 0 &&
 		strcmp(last->request.redis_key, request->redis_key) == 0 &&
 		(limit_refills(request->policy.algorithm) || last->request.at_ms == request->at_ms))
 	{
@@ -231,6 +232,7 @@ reservation_settle(const DecisionRequest *request, int64 cost, int64 actual,
 	}
 	else
 	{
+		placement_refuse_split(&settle.policy, "settling up (rl_settle with actual > cost)");
 		if (!limit_books(settle.policy.algorithm))
 			ereport(ERROR,
 					(errhidestmt(true),

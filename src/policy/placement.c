@@ -68,3 +68,42 @@ placement_refuse_split(const Policy *policy, const char *what)
 					policy->name, what),
 			 errhint("Use region_mode 'home' for this policy, or call without %s.", what)));
 }
+
+/* True when this server is in a split policy's home region. */
+bool
+placement_is_home(const Policy *policy)
+{
+	return strcmp(regions_own(), policy->home_region) == 0;
+}
+
+/*
+ * Each region's share of a split window but the home one's: region_base
+ * (NULL: capacity / 2N), never so much that the others' shares together pass
+ * the capacity (a 'limit' override's capacity too).
+ */
+int64
+placement_base_share(const Policy *policy)
+{
+	int64		capacity = policy->bucket.capacity;
+	int			others = Max(regions_total() - 1, 1);
+
+	if (policy->region_base >= 0)
+		return Min(policy->region_base, capacity / others);
+	return capacity / (2 * Max(regions_total(), 1));
+}
+
+/* The home region's rest of a split window: what the other regions' shares leave. */
+int64
+placement_home_rest(const Policy *policy)
+{
+	int64		others = (int64) Max(regions_total() - 1, 0) * placement_base_share(policy);
+
+	return Max(policy->bucket.capacity - others, 0);
+}
+
+/* What this server's region grants of a split window alone: its share, or the home region's rest. */
+int64
+placement_share(const Policy *policy)
+{
+	return placement_is_home(policy) ? placement_home_rest(policy) : placement_base_share(policy);
+}

@@ -209,6 +209,9 @@ policy_regions(Policy *policy, const Datum *values, const bool *nulls, const Pol
 							   policy->home_region, sizeof(policy->home_region));
 	if (c->region_base != InvalidAttrNumber && !nulls[c->region_base - 1])
 		policy->region_base = Max(DatumGetInt64(values[c->region_base - 1]), 0);
+	/* As the constraints say, should a row get past them: slices are per server and Redis. */
+	if (policy->region_mode == REGION_MODE_HOME || policy->region_mode == REGION_MODE_SPLIT)
+		policy->allowance = 0;
 }
 
 /* Fills policy (its name already set) from a row's values. */

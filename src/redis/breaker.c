@@ -81,9 +81,10 @@ typedef enum BreakerAttempt
 int			breaker_retry_interval_ms = 1000;
 
 static BreakerTable *shared_table = NULL;
-static BreakerTable backend_table;
-static BreakerTable *table = NULL;	/* one of the two; NULL: choose again */
-static uint32 table_chosen_for = 0; /* redis_url_generation() when it was chosen */
+/* Per target (url.h): this backend's own table, the table in use, when it was chosen. */
+static BreakerTable backend_tables[REDIS_MAX_TARGETS];
+static BreakerTable *tables[REDIS_MAX_TARGETS];	/* NULL: choose again */
+static uint32 tables_chosen_for[REDIS_MAX_TARGETS];	/* redis_url_generation() then */
 /* For a node that finds the table full: this backend's own. */
 static BreakerState overflow_breaker;
 
@@ -114,19 +115,25 @@ breaker_table_init(BreakerTable *init)
 static BreakerTable *
 breaker_table(void)
 {
-	/* A new URL may mean another Redis: the table is chosen again. */
-	if (table == NULL || table_chosen_for != redis_url_generation())
+	int			target = redis_url_target();
+
+	/*
+	 * A new URL may mean another Redis: the table is chosen again. Each target
+	 * (a region's Redis) keeps its own, so that switching between them never
+	 * forgets what a breaker knew.
+	 */
+	if (tables[target] == NULL || tables_chosen_for[target] != redis_url_generation())
 	{
-		table_chosen_for = redis_url_generation();
+		tables_chosen_for[target] = redis_url_generation();
 		if (shared_table != NULL && redis_url_is_server_wide())
-			table = shared_table;
+			tables[target] = shared_table;
 		else
 		{
-			breaker_table_init(&backend_table);
-			table = &backend_table;
+			breaker_table_init(&backend_tables[target]);
+			tables[target] = &backend_tables[target];
 		}
 	}
-	return table;
+	return tables[target];
 }
 
 /* A hash of the URL now, made again when it changes. */

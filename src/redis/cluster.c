@@ -20,6 +20,7 @@
 
 #include "base/clock.h"
 #include "redis/cluster.h"
+#include "redis/regions.h"
 #include "redis/url.h"
 
 typedef struct ClusterNode
@@ -117,7 +118,8 @@ cluster_prepare(void)
 		 * target, so that one Redis's outage never opens another's breaker.
 		 */
 		if (redis_url_target() > 0)
-			snprintf(M->nodes[0].name, sizeof(M->nodes[0].name), "(region %d)", redis_url_target());
+			snprintf(M->nodes[0].name, sizeof(M->nodes[0].name), "(region %s)",
+					 regions_name_of(redis_url_target()));
 		M->node_count = 1;
 	}
 	M->seed_count = M->node_count;

@@ -263,9 +263,12 @@ redis_connect(int node, int64 deadline, RedisFailure *failure)
 						  "ratelimit.redis_url is not set");
 	if (!redis_url_parse(current, &url, &problem))
 		return redis_fail(failure, REDIS_FAILURE_CONFIG, "ratelimit.redis_url is invalid");
-	/* The URL's password, else the one in ratelimit.redis_password_file. */
+	/*
+	 * The URL's password, else the one in ratelimit.redis_password_file: this
+	 * server's Redis's, never sent to a region's (whose URL says its own).
+	 */
 	password = url.password;
-	if (password == NULL && !secret_redis_password(&password, &problem))
+	if (password == NULL && redis_url_target() == 0 && !secret_redis_password(&password, &problem))
 		return redis_fail(failure, REDIS_FAILURE_CONFIG, problem);
 
 	exchange_reset();

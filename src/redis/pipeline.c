@@ -23,6 +23,7 @@
 #include "redis/deadline.h"
 #include "redis/pipeline.h"
 #include "redis/resp.h"
+#include "redis/url.h"
 
 /* The most times one call may be redirected (MOVED, ASK) before it fails. */
 #define REDIS_MAX_REDIRECTS 5
@@ -94,11 +95,8 @@ call_redirected(RedisCall *call, const RespValue *reply, int from_node)
 	call->failure.maybe_ran = false;
 }
 
-/*
- * True once a Redis refused a script's shebang (#!lua flags=no-writes, Redis 7
- * and later): from then on this backend sends such scripts without it.
- */
-static bool no_shebangs = false;
+/* Per target (url.h): its Redis refused a shebang (#!lua, Redis 7+): none sent there again. */
+static bool no_shebangs[REDIS_MAX_TARGETS];
 
 /* True when reply is the compile error of a Redis older than 7 given a shebang. */
 static bool
@@ -147,7 +145,7 @@ call_reply(int index, const RespValue *reply, void *arg)
 		if (call->script->plain != NULL && shebang_refused(reply))
 		{
 			/* A Redis older than 7 knows no shebang: the same script without it. */
-			no_shebangs = true;
+			no_shebangs[redis_url_target()] = true;
 			call->script = call->script->plain;
 			call->failure.kind = REDIS_FAILURE_NOSCRIPT;
 		}
@@ -255,7 +253,7 @@ redis_send_calls(Pipeline *pipeline, SendPass pass, int64 deadline, RedisFailure
 		if (!call_for(pipeline, i, pipeline->node) ||
 			(pass != SEND_FIRST && call->failure.kind != REDIS_FAILURE_NOSCRIPT))
 			continue;
-		if (no_shebangs && call->script->plain != NULL)
+		if (no_shebangs[redis_url_target()] && call->script->plain != NULL)
 			call->script = call->script->plain;
 		/* Sent: until it answers, it is a request that went out. */
 		memset(&call->failure, 0, sizeof(call->failure));

@@ -17,19 +17,38 @@
 
 #include "utils/guc.h"
 
+#include "base/secret.h"
 #include "redis/regions.h"
 #include "redis/url.h"
 
 typedef struct Region
 {
 	char		name[REGION_NAME_LEN];
-	char	   *url;			/* malloc'd; NULL for this server's own region */
+	char	   *url;			/* malloc'd; NULL while the list does not name it */
 } Region;
+
+/*
+ * What check_regions parsed, for assign_regions: one malloc'd block (guc.c
+ * frees an extra with free()), the URLs in text after the entries.
+ */
+typedef struct ParsedRegions
+{
+	int			count;
+	char		names[REGIONS_MAX][REGION_NAME_LEN];
+	int			url_offsets[REGIONS_MAX];
+	char		text[FLEXIBLE_ARRAY_MEMBER];
+} ParsedRegions;
 
 static char *region_setting = NULL;
 static char *regions_setting = NULL;
+
+/*
+ * The regions this backend was told of, each in the slot of its target for
+ * the backend's life: a reload that reorders or drops entries never sends a
+ * region's calls (a reservation's refund at rollback) to another's Redis.
+ */
 static Region regions[REGIONS_MAX];
-static int	nregions = 0;
+static int	nslots = 0;
 static uint32 regions_changes = 0;
 
 /* A region's name: letters, digits, '_', '-', '.', 1 to 63 bytes. */
@@ -56,15 +75,18 @@ check_region(char **newval, void **extra, GucSource source)
 }
 
 /*
- * Parses "name=url ..." into out (URLs malloc'd, for the extra guc.c keeps);
- * false with a problem that never quotes a URL (it may hold a password).
+ * Parses "name=url ..." into out (its text room as long as text); false with
+ * a problem that never quotes a URL (it may hold a password). *password: some
+ * URL holds one.
  */
 static bool
-parse_regions(const char *text, Region *out, int *count, const char **problem)
+parse_regions(const char *text, ParsedRegions *out, bool *password, const char **problem)
 {
 	const char *p = text;
+	int			used = 0;
 
-	*count = 0;
+	out->count = 0;
+	*password = false;
 	for (;;)
 	{
 		const char *start,
@@ -88,60 +110,49 @@ parse_regions(const char *text, Region *out, int *count, const char **problem)
 			*problem = "Each entry is name=url, the name 1 to 63 letters, digits, '_', '-' or '.'.";
 			return false;
 		}
-		if (*count == REGIONS_MAX)
+		if (out->count == REGIONS_MAX)
 		{
 			*problem = "At most 8 regions.";
 			return false;
 		}
-		for (int i = 0; i < *count; i++)
-			if (strlen(out[i].name) == (size_t) (equals - start) &&
-				memcmp(out[i].name, start, equals - start) == 0)
+		for (int i = 0; i < out->count; i++)
+			if (strlen(out->names[i]) == (size_t) (equals - start) &&
+				memcmp(out->names[i], start, equals - start) == 0)
 			{
 				*problem = "A region is named twice.";
 				return false;
 			}
-		value = malloc(length - (equals - start));
-		if (value == NULL)
-		{
-			*problem = "Out of memory.";
-			return false;
-		}
+		memcpy(out->names[out->count], start, equals - start);
+		out->names[out->count][equals - start] = '\0';
+		value = out->text + used;
 		memcpy(value, equals + 1, length - (equals - start) - 1);
 		value[length - (equals - start) - 1] = '\0';
-		memcpy(out[*count].name, start, equals - start);
-		out[*count].name[equals - start] = '\0';
-		out[*count].url = value;
-		(*count)++;
+		out->url_offsets[out->count++] = used;
+		used += length - (equals - start);
 		if (!redis_url_parse(value, &url, &url_problem))
 		{
 			*problem = "A region's URL is not a Redis URL (see ratelimit.redis_url).";
 			return false;
 		}
+		*password |= url.password != NULL;
 	}
-}
-
-static void
-free_regions(Region *list, int count)
-{
-	for (int i = 0; i < count; i++)
-		free(list[i].url);
 }
 
 static bool
 check_regions(char **newval, void **extra, GucSource source)
 {
-	Region	   *parsed = calloc(REGIONS_MAX + 1, sizeof(Region));
-	int			count = 0;
+	const char *text = *newval != NULL ? *newval : "";
+	ParsedRegions *parsed = malloc(offsetof(ParsedRegions, text) + strlen(text) + 1);
 	const char *problem = NULL;
+	bool		password;
 
 	if (parsed == NULL)
 	{
 		GUC_check_errcode(ERRCODE_OUT_OF_MEMORY);
 		return false;
 	}
-	if (*newval != NULL && !parse_regions(*newval, parsed, &count, &problem))
+	if (!parse_regions(text, parsed, &password, &problem))
 	{
-		free_regions(parsed, count);
 		free(parsed);
 		/* Never echo the value: it may hold passwords. */
 		GUC_check_errmsg("invalid value for parameter \"ratelimit.regions\"");
@@ -149,24 +160,53 @@ check_regions(char **newval, void **extra, GucSource source)
 		GUC_check_errhint("List every region as name=redis-url, separated by spaces, e.g. 'eu=redis://10.0.1.5:6379 us=redis://10.1.1.5:6379'.");
 		return false;
 	}
-	/* The count rides in the unused last entry's name. */
-	parsed[REGIONS_MAX].name[0] = (char) count;
+	if (password && !secret_source_allowed("ratelimit.regions", source))
+	{
+		free(parsed);
+		GUC_check_errhint("Add ratelimit to shared_preload_libraries: a region's password is then read by superusers alone.");
+		return false;
+	}
 	*extra = parsed;
 	return true;
 }
 
-/* The extra (freed by guc.c) is copied: URLs strdup'd again into TopMemoryContext-free malloc. */
+/* The slot of a region's name, -1 when this backend was never told of it. */
+static int
+slot_of(const char *name)
+{
+	for (int i = 0; i < nslots; i++)
+		if (strcmp(regions[i].name, name) == 0)
+			return i;
+	return -1;
+}
+
+/*
+ * The list as parsed: each region keeps its slot (a new one takes the next);
+ * a region no longer listed keeps its slot without a URL. A region that finds
+ * no slot (more than 8 named in this backend's life), or no memory for its
+ * URL, is not listed: its policies say so.
+ */
 static void
 assign_regions(const char *newval, void *extra)
 {
-	Region	   *parsed = extra;
+	ParsedRegions *parsed = extra;
 
-	free_regions(regions, nregions);
-	nregions = parsed == NULL ? 0 : (int) parsed[REGIONS_MAX].name[0];
-	for (int i = 0; i < nregions; i++)
+	for (int i = 0; i < nslots; i++)
 	{
-		memcpy(regions[i].name, parsed[i].name, REGION_NAME_LEN);
-		regions[i].url = strdup(parsed[i].url);
+		free(regions[i].url);
+		regions[i].url = NULL;
+	}
+	for (int i = 0; parsed != NULL && i < parsed->count; i++)
+	{
+		int			slot = slot_of(parsed->names[i]);
+
+		if (slot < 0 && nslots < REGIONS_MAX)
+		{
+			slot = nslots++;
+			strlcpy(regions[slot].name, parsed->names[i], REGION_NAME_LEN);
+		}
+		if (slot >= 0)
+			regions[slot].url = strdup(parsed->text + parsed->url_offsets[i]);
 	}
 	regions_changes++;
 }
@@ -197,29 +237,39 @@ regions_own(void)
 int
 regions_count(void)
 {
-	return nregions;
+	int			count = 0;
+
+	for (int i = 0; i < nslots; i++)
+		count += regions[i].url != NULL;
+	return count;
 }
 
-/* The place of a region in the list from 1, or -1. */
+/* The most targets in use: every slot's (regions_use refuses one no longer listed). */
+int
+regions_slots(void)
+{
+	return nslots;
+}
+
+/* The target of a listed region (its slot from 1), or -1. */
 static int
 regions_target_of_listed(const char *name)
 {
-	for (int i = 0; i < nregions; i++)
-		if (strcmp(regions[i].name, name) == 0)
-			return i + 1;
-	return -1;
+	int			slot = slot_of(name);
+
+	return slot >= 0 && regions[slot].url != NULL ? slot + 1 : -1;
 }
 
 /* How many regions there are: those listed, and this server's own if it is not. */
 int
 regions_total(void)
 {
-	return nregions + (regions_own()[0] != '\0' && regions_target_of_listed(regions_own()) < 0 ? 1 : 0);
+	return regions_count() + (regions_own()[0] != '\0' && regions_target_of_listed(regions_own()) < 0 ? 1 : 0);
 }
 
 /*
- * The target of a region: 0 for this server's own, else its place in the
- * list from 1; -1 for a region the list does not name.
+ * The target of a region: 0 for this server's own, else its slot from 1; -1
+ * for a region the list does not name.
  */
 int
 regions_target_of(const char *name)
@@ -229,22 +279,27 @@ regions_target_of(const char *name)
 	return regions_target_of_listed(name);
 }
 
-/* Makes the next calls go to target's Redis (see redis_url_current). */
-void
+/*
+ * Makes the next calls go to target's Redis (see redis_url_current); false,
+ * sending to this server's own, when target's region is no longer listed.
+ */
+bool
 regions_use(int target)
 {
-	Assert(target >= 0 && target <= nregions);
-	if (target == 0)
+	if (target <= 0 || target > nslots || regions[target - 1].url == NULL)
+	{
 		redis_url_use_target(0, NULL, 0);
-	else
-		redis_url_use_target(target, regions[target - 1].url, regions_changes);
+		return target == 0;
+	}
+	redis_url_use_target(target, regions[target - 1].url, regions_changes);
+	return true;
 }
 
 /* The name of target's region ("" for target 0, this server's own Redis). */
 const char *
 regions_name_of(int target)
 {
-	if (target <= 0 || target > nregions)
+	if (target <= 0 || target > nslots)
 		return "";
 	return regions[target - 1].name;
 }

@@ -17,7 +17,8 @@ extern const char *regions_own(void);
 extern int	regions_count(void);
 extern int	regions_total(void);
 extern int	regions_target_of(const char *name);
-extern void regions_use(int target);
+extern bool regions_use(int target);
+extern int	regions_slots(void);
 extern const char *regions_name_of(int target);
 
 #endif							/* RL_REGIONS_H */

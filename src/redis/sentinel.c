@@ -225,7 +225,9 @@ sentinel_find_master(const RedisUrl *url, int timeout_ms, int64 deadline, RedisH
 	Assert(url->nsentinels > 0);
 	if (deadline != 0)
 		search_deadline = Min(search_deadline, deadline);
-	if (!secret_sentinel_password(&password, &problem))
+	/* ratelimit.sentinel_password_file is for this server's sentinels, not a region's. */
+	password = NULL;
+	if (redis_url_target() == 0 && !secret_sentinel_password(&password, &problem))
 		return redis_fail(failure, REDIS_FAILURE_CONFIG, problem);
 	first = L->index % url->nsentinels;
 	for (int n = 0; n < url->nsentinels; n++)

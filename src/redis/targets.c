@@ -19,7 +19,11 @@ run_in_target(int target, RedisCall *calls, int ncalls, int command_timeout_ms,
 {
 	volatile bool answered;
 
-	if (target > regions_count())
+	/*
+	 * Every run says its target, this server's too: a backend that an exit
+	 * cut short in another's (FATAL runs no PG_FINALLY) is not left there.
+	 */
+	if (!regions_use(target))
 	{
 		/* The list changed since the call was made: that region is gone. */
 		for (int i = 0; i < ncalls; i++)
@@ -29,20 +33,20 @@ run_in_target(int target, RedisCall *calls, int ncalls, int command_timeout_ms,
 			calls[i].retry_after_ms = 0;
 			redis_fail(&calls[i].failure, REDIS_FAILURE_CONFIG,
 					   "the call's region is no longer in ratelimit.regions");
+			calls[i].failure.target = target;
 		}
 		*failure = calls[0].failure;
 		return false;
 	}
 	if (target == 0)
 		return pipeline_run(calls, ncalls, command_timeout_ms, failure);
-	regions_use(target);
 	PG_TRY();
 	{
 		answered = pipeline_run(calls, ncalls, command_timeout_ms, failure);
 	}
 	PG_FINALLY();
 	{
-		regions_use(0);
+		(void) regions_use(0);
 	}
 	PG_END_TRY();
 	/* What failed says where: the health lines name the region. */
@@ -67,7 +71,10 @@ redis_run_scripts(RedisCall *calls, int ncalls, int command_timeout_ms, RedisFai
 	bool		done[REDIS_MAX_TARGETS] = {0};
 
 	for (int i = 1; i < ncalls; i++)
+	{
+		Assert(calls[i].target >= 0 && calls[i].target < REDIS_MAX_TARGETS);
 		mixed |= calls[i].target != first;
+	}
 	if (!mixed)
 		return run_in_target(first, calls, ncalls, command_timeout_ms, failure);
 
@@ -75,13 +82,14 @@ redis_run_scripts(RedisCall *calls, int ncalls, int command_timeout_ms, RedisFai
 	for (int i = 0; i < ncalls; i++)
 	{
 		int			target = calls[i].target;
-		RedisCall  *some = palloc(ncalls * sizeof(RedisCall));
+		RedisCall  *some;
 		int			n = 0;
 		RedisFailure why;
 
 		if (done[target])
 			continue;
 		done[target] = true;
+		some = palloc(ncalls * sizeof(RedisCall));
 		for (int j = i; j < ncalls; j++)
 			if (calls[j].target == target)
 				some[n++] = calls[j];

@@ -33,6 +33,7 @@
 #include "base/secret.h"
 #include "redis/socket.h"
 #include "redis/tls.h"
+#include "redis/url.h"
 
 /* The most bytes of a client key file. */
 #define TLS_KEY_MAX_BYTES (64 * 1024)
@@ -236,7 +237,8 @@ bool
 tls_open(TlsSession *tls, RedisSocket *rs, const char *host, int64 deadline,
 		 RedisFailure *failure)
 {
-	const char *name = tls_server_name[0] != '\0' ? tls_server_name : host;
+	/* ratelimit.tls_server_name names this server's Redis, not a region's. */
+	const char *name = tls_server_name[0] != '\0' && redis_url_target() == 0 ? tls_server_name : host;
 	unsigned char address[sizeof(struct in6_addr)];
 	bool		is_address = inet_pton(AF_INET, name, address) == 1 ||
 		inet_pton(AF_INET6, name, address) == 1;

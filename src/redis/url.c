@@ -527,6 +527,13 @@ redis_url_current(void)
 	return url_setting ? url_setting : "";
 }
 
+/* This server's own URL, ratelimit.redis_url, whatever the target in use. */
+const char *
+redis_url_own(void)
+{
+	return url_setting ? url_setting : "";
+}
+
 /*
  * True when the URL now was set for the whole server, not by a session, role
  * or database (a region's always is).

@@ -39,6 +39,7 @@ typedef struct RedisUrl
 
 extern void redis_url_init(void);
 extern const char *redis_url_current(void);
+extern const char *redis_url_own(void);
 extern bool redis_url_is_server_wide(void);
 extern uint32 redis_url_generation(void);
 extern void redis_url_use_target(int target, const char *url, uint32 changes);
