@@ -41,6 +41,24 @@ like($e5, qr/0A000.*one Redis/s, 'rl_consume_all across Redis servers: 0A000');
 is($b->safe_psql('postgres', q{SELECT count(*) FROM pg_settings WHERE name = 'ratelimit.regions'},
 		extra_params => [ '-U', 'postgres' ]), '1', 'ratelimit.regions is a setting');
 
+$b->psql('postgres', q{SELECT rl_settle('rg.split', 'x', 1, 5)}, stderr => \my $e6,
+	extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+like($e6, qr/0A000.*splits its budget/s, 'settling a split policy up: 0A000');
+
+# A region_base of the whole capacity is bounded: with three regions each far region's
+# share is at most half of it, and all of them together grant the capacity, not twice it.
+{
+	my %granted = map {
+		my $node = $world->node($_);
+		$_ => $node->safe_psql('postgres',
+			q{SELECT count(*) FILTER (WHERE allowed) FROM generate_series(1, 30) g, LATERAL rl_consume('rg.wide', 'w' || (g * 0)) d})
+	} qw(b c a);
+	is(join(',', map { $granted{$_} } qw(a b c)), join(',', 0, $cap / 2, $cap / 2),
+		"region_base of the whole capacity: b and c grant half each, a the rest (none): $cap in all");
+	is($b->safe_psql('postgres', q{SELECT remaining FROM rl_peek('rg.split', 'fresh_peek')}), int($cap / 6),
+		'a split policy\'s peek reads the region\'s share of the window');
+}
+
 # Where each mode keeps its state: home in a's Redis only, split in both, independent in b's.
 foreach my $policy (qw(rg.home rg.split rg.ind))
 {

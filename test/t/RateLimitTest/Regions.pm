@@ -7,6 +7,8 @@
 #   rg.home   home region a, every decision in a's Redis
 #   rg.split  home region a, each region's share and leases of a's rest
 #   rg.ind    independent, each region alone
+#   rg.wide   split, windows of an hour, region_base the whole capacity (bounded by the
+#             extension to capacity / 2 with three regions)
 # A load runs pgbench in every region at once: takes of a tenant hot in region b, of one
 # asked in every region, of one that moves between the regions every 5 s, and of cold
 # subjects, each recorded with its
@@ -65,7 +67,8 @@ sub new
 			INSERT INTO rl_policy (name, algorithm, capacity, refill_period, region_mode, home_region, region_base)
 			VALUES ('rg.home', 'fixed_window', $self->{capacity}, '1 second', 'home', 'a', NULL),
 			       ('rg.split', 'fixed_window', $self->{capacity}, '1 second', 'split', 'a', $base),
-			       ('rg.ind', 'fixed_window', $self->{capacity}, '1 second', 'independent', NULL, NULL);
+			       ('rg.ind', 'fixed_window', $self->{capacity}, '1 second', 'independent', NULL, NULL),
+			       ('rg.wide', 'fixed_window', $self->{capacity}, '1 hour', 'split', 'a', $self->{capacity});
 			CREATE TABLE seen (region text, policy text, kind text, at_ms bigint, latency_us bigint,
 			                   allowed boolean, reset_after_ms bigint, source text);
 		});
