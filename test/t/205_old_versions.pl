@@ -172,7 +172,14 @@ foreach my $version (@versions)
 			                         'rl_consume_all(text[], text[], bigint[])',
 			                         'rl_consume_many(text, text[], bigint[])',
 			                         'rl_headers(rl_decision, boolean)',
-			                         'rl_response_headers(rl_decision, boolean)'] LOOP
+			                         'rl_response_headers(rl_decision, boolean)',
+			                         -- 0.10.0's signatures (max_wait, request_id)
+			                         'rl_consume(text, text, bigint, interval, text)',
+			                         'rl_enforce(text, text, bigint, interval, text)',
+			                         'rl_reserve(text, text, bigint, interval, text)',
+			                         'rl_acquire(text, text, text, interval)',
+			                         'rl_consume_all(text[], text[], bigint[], text)',
+			                         'rl_consume_many(text, text[], bigint[], text[])'] LOOP
 				IF to_regprocedure(f) IS NOT NULL THEN
 					EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO ratelimit_user', f);
 				END IF;
