@@ -71,7 +71,7 @@ ok((grep { /rg\.ind/ } @in_b) && !(grep { /rg\.ind/ } @in_a), 'independent: in t
 ok((grep { /rg\.split/ } @in_b), 'split: the share is counted in the region\'s own Redis');
 
 # The load: 12 s steady, then 12 s with region c cut off for 5 s in the middle, then 12 s
-# with region c's Redis and PostgreSQL killed and restarted.
+# with region c's Redis and PostgreSQL killed and restarted, then the home region's Redis.
 my $steady = $world->load(12, 2);
 ok($steady->{$_}, "steady load ran in region $_") foreach qw(a b c);
 my $cut;
@@ -95,8 +95,15 @@ $world->load(12, 2, sub {
 		sleep 0.5;
 	}
 	ok($started, 'region c\'s PostgreSQL starts again after kill -9');
-	# Region c's load is gone with its server: a new one for the rest.
-	$world->load_start('c', 6, 2)->{handle}->finish;
+	# Region c's load is gone with its server: a new one for the rest, during which the
+	# home region's Redis is killed and restarted too (from its append-only file: what it
+	# counted, the leases of the other regions among it, is there again).
+	my $c_load = $world->load_start('c', 6, 2);
+	sleep 2;
+	$world->redis('a')->kill9;
+	sleep 0.5;
+	$world->redis('a')->start;
+	$c_load->{handle}->finish;
 });
 my $rows = $world->rows;
 note scalar(@$rows) . ' takes recorded';
