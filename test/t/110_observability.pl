@@ -567,6 +567,47 @@ is_deeply([ @{ $health // {} }{qw(redis_reachable breaker_open)} ], [ 1, 0 ],
 my %nodes = map { ($_->{node} => 1) } @{ $results{ratelimit_health} };
 is(scalar keys %nodes, scalar @{ $results{ratelimit_health} }, 'ratelimit_health: one row per node label');
 
+# The Grafana dashboard (monitoring/grafana_dashboard.json) queries only metrics those
+# queries produce (namespace_metric, counters and gauges), by labels they give (or the
+# exporter's instance and the histogram's le).
+{
+	my %produced;    # metric => { label => 1 }
+	foreach my $name (keys %$queries)
+	{
+		my $q = $queries->{$name};
+		my @labels = grep { $q->{usage}{$_} eq 'LABEL' } @{ $q->{metrics} };
+		foreach my $metric (grep { $q->{usage}{$_} ne 'LABEL' } @{ $q->{metrics} })
+		{
+			$produced{"${name}_$metric"} = { map { ($_ => 1) } @labels, 'instance', 'job' };
+		}
+	}
+	my $dashboard = $json->decode(slurp_file(dirname(__FILE__) . '/../../monitoring/grafana_dashboard.json'));
+	my @exprs = map { $_->{expr} } map { @{ $_->{targets} // [] } } @{ $dashboard->{panels} };
+	push @exprs, map { $_->{query} } grep { ($_->{type} // '') eq 'query' } @{ $dashboard->{templating}{list} };
+	cmp_ok(scalar @exprs, '>=', 12, 'grafana: the dashboard\'s queries were read (' . scalar(@exprs) . ')');
+	my (@unknown, @bad_labels, %seen);
+	foreach my $expr (@exprs)
+	{
+		my @metrics = $expr =~ /\b(ratelimit_[a-z0-9_]+)\b/g;
+		push @unknown, grep { !$produced{$_} } @metrics;
+		my @labels = ($expr =~ /\b(?:by|without)\s*\(([^)]*)\)/g, $expr =~ /\{([^}]*)\}/g,
+			$expr =~ /label_values\([^,]+,\s*(\w+)\)/g);
+		my @names = map { /^\s*(\w+)\s*(?:[=!~]|$)/ ? $1 : () } map { split /,/ } @labels;
+		foreach my $label (@names)
+		{
+			next if $label eq 'le';
+			push @bad_labels, "$label in $expr" if grep { $produced{$_} && !$produced{$_}{$label} } @metrics;
+		}
+		$seen{$_} = 1 for @metrics;
+	}
+	is_deeply(\@unknown, [], 'grafana: every metric the dashboard queries is one the exporter produces');
+	is_deeply(\@bad_labels, [], 'grafana: every label it groups or filters by is one those metrics have');
+	my @missing = grep { !$seen{$_} } qw(ratelimit_decisions ratelimit_denied ratelimit_source_redis
+	  ratelimit_latency_bucket ratelimit_redis_errors_total ratelimit_health_breaker_open
+	  ratelimit_health_redis_reachable);
+	is_deeply(\@missing, [], 'grafana: decisions, denials, sources, latency, failures, breaker and health per node are shown');
+}
+
 ###
 ### (c) Without shared_preload_libraries: no rl_stats, decisions all the same.
 ###
