@@ -34,5 +34,11 @@ if room < cost then
   return {0, math.max(room, 0), left, left}
 end
 local taken = math.min(room, most)
-call('SET', KEYS[1], string.format('%d', count + taken), 'PX', ttl)
+-- The first write gives the key its TTL; later ones keep it (a far server whose clock is
+-- ahead never ends the home region's count of the window early).
+if count == 0 then
+  call('SET', KEYS[1], string.format('%d', count + taken), 'PX', ttl)
+else
+  call('SET', KEYS[1], string.format('%d', count + taken), 'KEEPTTL')
+end
 return {taken, room - taken, 0, left}

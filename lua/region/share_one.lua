@@ -51,7 +51,13 @@ if count + cost <= share then
   if redis.acl_check_cmd and not redis.acl_check_cmd('SET', KEYS[1], '1', 'PX', ttl) then
     error({err = 'NOPERM SET'})
   end
-  call('SET', KEYS[1], string.format('%d', count + cost), 'PX', ttl)
+  -- The first write gives the key its TTL; later ones keep it, so that a server whose clock
+  -- is ahead never ends the window's count early.
+  if count == 0 then
+    call('SET', KEYS[1], string.format('%d', count + cost), 'PX', ttl)
+  else
+    call('SET', KEYS[1], string.format('%d', count + cost), 'KEEPTTL')
+  end
   return {1, room - cost + held, 0, left, 0, leased}
 end
 if held >= cost then

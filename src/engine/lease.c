@@ -49,6 +49,7 @@ typedef struct Lease
 	char	   *subject;		/* NUL-terminated copy, for rl_release */
 	char		id[64];
 	Policy		policy;
+	int			target;			/* the Redis it was taken in (a region's: engine/region.c) */
 } Lease;
 
 /* One call of a concurrency script. */
@@ -63,8 +64,8 @@ typedef struct LeaseCall
  * a waiter's ticket ("" for none), in the current context.
  */
 static void
-lease_script_call(LeaseOperation operation, const Policy *policy, const char *key, const char *id,
-				  const char *ticket, RedisCall *call)
+lease_script_call_in(LeaseOperation operation, const Policy *policy, const char *key,
+					 const char *id, const char *ticket, int target, RedisCall *call)
 {
 	const char **keys = palloc(CONCURRENCY_KEYS * sizeof(char *));
 	const char **args = palloc(CONCURRENCY_ARGS * sizeof(char *));
@@ -79,8 +80,16 @@ lease_script_call(LeaseOperation operation, const Policy *policy, const char *ke
 	call->nargs = CONCURRENCY_ARGS;
 	call->args = args;
 	call->nresults = 4;
-	call->target = placement_target(policy);
+	call->target = target;
 	call->results = palloc(4 * sizeof(long long));
+}
+
+/* The same, to the Redis of policy's region now (a call made at once). */
+static void
+lease_script_call(LeaseOperation operation, const Policy *policy, const char *key, const char *id,
+				  const char *ticket, RedisCall *call)
+{
+	lease_script_call_in(operation, policy, key, id, ticket, placement_target(policy), call);
 }
 
 /* Runs a concurrency script; true with the decision filled when Redis answered. */
@@ -135,7 +144,11 @@ lease_prepare_call(LedgerEntry *entry, RedisCall *call)
 {
 	Lease	   *lease = (Lease *) entry;
 
-	lease_script_call(LEASE_RELEASE, &lease->policy, lease->key, lease->id, "", call);
+	/*
+	 * Its policy's region is not looked up again: a reload since may have
+	 * dropped it, and the release goes where the lease was taken.
+	 */
+	lease_script_call_in(LEASE_RELEASE, &lease->policy, lease->key, lease->id, "", lease->target, call);
 }
 
 static const char *
@@ -249,6 +262,7 @@ lease_try(const DecisionRequest *request, bool session, const char *ticket, Deci
 	strlcpy(lease->id, id, sizeof(lease->id));
 	pfree(id);
 	lease->policy = request->policy;
+	lease->target = request->target;
 	MemoryContextSwitchTo(old_context);
 
 	if (!lease_call(LEASE_ACQUIRE, &request->policy, lease->key, lease->id, ticket, decision,

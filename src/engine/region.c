@@ -129,6 +129,7 @@ region_share_finish(const DecisionRequest *request, const char *key, int64 at_ms
 	{
 		call->answered = false;
 		redis_fail(&call->failure, REDIS_FAILURE_PROTOCOL, "unexpected reply");
+		call->failure.target = lease.target;	/* the home region's reply */
 		return;
 	}
 	if (taken == 0)

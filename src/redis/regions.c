@@ -51,6 +51,13 @@ static Region regions[REGIONS_MAX];
 static int	nslots = 0;
 static uint32 regions_changes = 0;
 
+/*
+ * The names the list gives now, slot or not: the split shares count them, so
+ * that a region without a slot here never makes the others' shares larger.
+ */
+static char listed[REGIONS_MAX][REGION_NAME_LEN];
+static int	nlisted = 0;
+
 /* A region's name: letters, digits, '_', '-', '.', 1 to 63 bytes. */
 static bool
 region_name_valid(const char *name, int length)
@@ -196,6 +203,9 @@ assign_regions(const char *newval, void *extra)
 		free(regions[i].url);
 		regions[i].url = NULL;
 	}
+	nlisted = parsed == NULL ? 0 : parsed->count;
+	for (int i = 0; i < nlisted; i++)
+		memcpy(listed[i], parsed->names[i], REGION_NAME_LEN);
 	for (int i = 0; parsed != NULL && i < parsed->count; i++)
 	{
 		int			slot = slot_of(parsed->names[i]);
@@ -237,11 +247,7 @@ regions_own(void)
 int
 regions_count(void)
 {
-	int			count = 0;
-
-	for (int i = 0; i < nslots; i++)
-		count += regions[i].url != NULL;
-	return count;
+	return nlisted;
 }
 
 /* The most targets in use: every slot's (regions_use refuses one no longer listed). */
@@ -264,7 +270,11 @@ regions_target_of_listed(const char *name)
 int
 regions_total(void)
 {
-	return regions_count() + (regions_own()[0] != '\0' && regions_target_of_listed(regions_own()) < 0 ? 1 : 0);
+	bool		own_listed = false;
+
+	for (int i = 0; i < nlisted; i++)
+		own_listed |= strcmp(listed[i], regions_own()) == 0;
+	return nlisted + (regions_own()[0] != '\0' && !own_listed ? 1 : 0);
 }
 
 /*

@@ -247,6 +247,23 @@ subtest 'token bucket, gcra, fixed and sliding window at their bounds' => sub {
 		want => qr/^\{$cap\}$/);
 };
 
+# Not a bound, a rule of the same scripts: the first write of a split window's count gives
+# the key its TTL, and later writes keep it, so that a server whose clock runs ahead (its
+# window ending sooner) never ends the count early, in the region's share or the home's rest.
+{
+	foreach my $case ([ 'region/share_one', [ 'ttl_share', 'ttl_share:lease' ], [ '', 100, 1, 60000, 61000 ] ],
+		[ 'region/lease_one', ['ttl_rest'], [ '', 100, 1, 60000, 61000, 5 ] ])
+	{
+		my ($script, $keys, $args) = @$case;
+		$db->command('DEL', @$keys);
+		$db->command('EVALSHA', $sha{$script}, scalar @$keys, @$keys, @$args);
+		my @short = @$args;
+		@short[ 3, 4 ] = (100, 1100);    # a writer that thinks the window ends in 0.1 s
+		$db->command('EVALSHA', $sha{$script}, scalar @$keys, @$keys, @short);
+		cmp_ok($db->command('PTTL', $keys->[0]), '>', 50000, "$script: a later write keeps the count's TTL");
+	}
+}
+
 #
 # The sliding log: capacity 10,000, a day's window, full of requests of one token.
 #

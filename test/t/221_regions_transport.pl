@@ -91,6 +91,28 @@ is($node->safe_psql('postgres', q{
 	FROM unnest(ARRAY['t.cluster', 't.own', 't.tls']) p}),
 	't.cluster=1000,t.own=1000,t.tls=1000', 'a rollback gives back in each region\'s Redis');
 
+# A reload that drops a region while a transaction holds a lease taken there: the end of the
+# transaction still gives back everything else it owes (the reservation in this server's
+# Redis); the lease, whose Redis is no longer known, is left to its TTL.
+{
+	$node->safe_psql('postgres', q{
+		INSERT INTO rl_policy (name, algorithm, capacity, idle_ttl, region_mode, home_region)
+		VALUES ('t.lease', 'concurrency', 5, '1 hour', 'home', 'tl')});
+	my $s = session($node);
+	$s->query_ok('BEGIN');
+	is($s->query(q{SELECT allowed FROM rl_acquire('t.lease', 'worker')}), 't', 'a lease taken in the TLS region');
+	is($s->query(q{SELECT allowed FROM rl_reserve('t.own', 'dropped', 9)}), 't', 'and a reservation here');
+	my $without_tl = join(' ', grep { !/^tl=/ } split / /, $regions);
+	$node->safe_psql('postgres', "ALTER SYSTEM SET ratelimit.regions = '$without_tl'; SELECT pg_reload_conf();");
+	sleep 1;
+	my ($out, $err) = $s->query('ROLLBACK');
+	unlike($err // '', qr/ERROR/, 'the rollback ends without an error');
+	is($node->safe_psql('postgres', q{SELECT remaining FROM rl_peek('t.own', 'dropped')}), '1000',
+		'the reservation in this server\'s Redis is given back all the same');
+	$s->quit;
+	$node->safe_psql('postgres', "ALTER SYSTEM RESET ratelimit.regions; SELECT pg_reload_conf();");
+}
+
 # This server's password (its file) was never offered to a region: the TLS region's
 # Redis saw only its own password (a wrong one would be an AUTH error in its stats).
 like($tls->cli('INFO', 'errorstats'), qr/^(?!.*WRONGPASS)/s, 'the TLS region never saw a wrong password');
