@@ -77,10 +77,10 @@ local function load_one(X, extra)
 end
 
 -- One check of cell algorithm X (its common.lua): KEYS its keys, ARGV the clock then its
--- numbers. A take (rl_consume) writes what it granted; a peek (rl_peek) is the decision a
--- take would make, nothing written.
-local function decide_one(X, take)
-  local s = load_one(X, 0)
+-- numbers (or s, their state loaded already). A take (rl_consume) writes what it granted;
+-- a peek (rl_peek) is the decision a take would make, nothing written.
+local function decide_one(X, take, s)
+  s = s or load_one(X, 0)
   local allowed = 0
   if X.try(s, s) then
     allowed = 1

@@ -4,7 +4,8 @@
 -- KEYS     the script's keys, then the request's (under the subject's key: the same slot)
 -- ARGV     the script's numbers, then how long a grant is remembered, in ms
 -- Replies  the script's numbers (at least once_numbers: one check's 4 and a booking's wait,
---          0 when it has none), then 1 when they are a replay, else 0.
+--          0 when it has none; once_wait false: a 5th number that is no wait, a rollover
+--          window's limit), then 1 when they are a replay, else 0.
 -- A grant is remembered with its answer, and the same request again gets that answer and
 -- takes nothing. A denial is not remembered: it took nothing, so asking again charges
 -- nothing twice (and is not held to a denial until the memory expires).
@@ -37,7 +38,7 @@ if stored then
   for number in string.gmatch(stored, '%d+') do
     reply[#reply + 1] = tonumber(number)
   end
-  if once_numbers == 5 and (reply[5] or 0) > 0 then
+  if once_wait and (reply[5] or 0) > 0 then
     reply[5] = math.max(reply[5] - now_ms(ARGV[1]), 0)
   end
   if not string.find(stored, 'replayed', 1, true) then
@@ -57,7 +58,7 @@ if reply[1] ~= 0 then
   for i = 1, #reply do
     memory[i] = reply[i]
   end
-  if once_numbers == 5 and reply[5] > 0 then
+  if once_wait and reply[5] > 0 then
     memory[5] = now_ms(ARGV[1]) + reply[5]
   end
   call('SET', request, numbers_text(memory), 'PX', remember)

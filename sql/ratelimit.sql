@@ -243,7 +243,15 @@ CREATE TABLE @extschema@.rl_policy (
                OR region_mode IS NOT DISTINCT FROM 'split' AND region_base OPERATOR(pg_catalog.>=) 0
                   AND region_base OPERATOR(pg_catalog.<=) capacity),
     CONSTRAINT rl_policy_region_home_check
-        CHECK (region_mode IS DISTINCT FROM 'home' OR allowance IS NULL)
+        CHECK (region_mode IS DISTINCT FROM 'home' OR allowance IS NULL),
+    -- A fixed window's rollover: what the previous window left unused, at most this many
+    -- tokens, is added to the window's limit (NULL: none).
+    rollover      bigint,
+    CONSTRAINT rl_policy_rollover_check
+        CHECK (rollover IS NULL
+               OR algorithm OPERATOR(pg_catalog.=) 'fixed_window' AND region_mode IS DISTINCT FROM 'split'
+                  AND rollover OPERATOR(pg_catalog.>=) 0 AND rollover OPERATOR(pg_catalog.<=) capacity
+                  AND rollover OPERATOR(pg_catalog.<) (9007199254740992::bigint OPERATOR(pg_catalog.-) capacity))
 );
 REVOKE ALL ON @extschema@.rl_policy FROM PUBLIC;
 COMMENT ON TABLE @extschema@.rl_policy IS 'rate limit policies: one row per limit';
@@ -491,9 +499,9 @@ BEGIN
     IF TG_OP = 'INSERT' THEN
         NEW.version := @extschema@._rl_inserted_version('policy', NEW.name, NULL, to_jsonb(NEW));
     ELSIF (NEW.algorithm, NEW.capacity, NEW.refill_amount, NEW.refill_period, NEW.time_zone,
-           NEW.region_mode, NEW.home_region, NEW.region_base)
+           NEW.region_mode, NEW.home_region, NEW.region_base, NEW.rollover)
           IS DISTINCT FROM (OLD.algorithm, OLD.capacity, OLD.refill_amount, OLD.refill_period, OLD.time_zone,
-                            OLD.region_mode, OLD.home_region, OLD.region_base) THEN
+                            OLD.region_mode, OLD.home_region, OLD.region_base, OLD.rollover) THEN
         IF NEW.algorithm <> OLD.algorithm AND EXISTS (
             SELECT FROM @extschema@.rl_override o WHERE o.policy = OLD.name AND o.action = 'limit') THEN
             RAISE EXCEPTION 'policy "%" has limit overrides that only fit algorithm "%"', OLD.name, OLD.algorithm
@@ -635,6 +643,8 @@ COMMENT ON CONSTRAINT rl_policy_region_base_check ON @extschema@.rl_policy IS
     'region_base is NULL or, for region_mode ''split'', a number of tokens from 0 to the capacity.';
 COMMENT ON CONSTRAINT rl_policy_region_home_check ON @extschema@.rl_policy IS
     'region_mode ''home'' takes no allowance: slices are held per server, the budget in another region.';
+COMMENT ON CONSTRAINT rl_policy_rollover_check ON @extschema@.rl_policy IS
+    'rollover is NULL (none) or, for fixed_window policies not split across regions, a number of tokens from 0 to the capacity, with capacity + rollover below 2^53.';
 COMMENT ON CONSTRAINT rl_policy_idle_ttl_check ON @extschema@.rl_policy IS
     'idle_ttl is NULL or a whole number of milliseconds, at least the time the bucket takes to refill completely (capacity / refill_amount * refill_period).';
 COMMENT ON CONSTRAINT rl_policy_idle_ttl_bound_check ON @extschema@.rl_policy IS
@@ -728,7 +738,8 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.rl_installation_seq', ''
 -- 'gcra', with bursts of `burst` (default: amount); at most amount in each window of `per`
 -- for 'fixed_window', 'sliding_window' and 'sliding_log' (no burst); an allowance slices a
 -- hot subject's tokens to each server; max_debt bounds what a subject may owe (waits booked,
--- costs settled up) and replay_window how long a request id is remembered. On a change,
+-- costs settled up), replay_window how long a request id is remembered and rollover how
+-- much of a fixed window's unused budget carries into the next. On a change,
 -- arguments left NULL keep their value. The table's constraints check it like any INSERT or UPDATE,
 -- and the caller needs the same rights on rl_policy.
 CREATE FUNCTION @extschema@.rl_define(name text, amount bigint, per interval,
@@ -740,13 +751,14 @@ CREATE FUNCTION @extschema@.rl_define(name text, amount bigint, per interval,
                                       allowance bigint DEFAULT NULL,
                                       allowance_ttl interval DEFAULT NULL,
                                       max_debt bigint DEFAULT NULL,
-                                      replay_window interval DEFAULT NULL)
+                                      replay_window interval DEFAULT NULL,
+                                      rollover bigint DEFAULT NULL)
 RETURNS @extschema@.rl_policy
 LANGUAGE sql
 BEGIN ATOMIC
     INSERT INTO @extschema@.rl_policy AS p
         (name, algorithm, capacity, refill_amount, refill_period, idle_ttl, fail_mode, local_share,
-         time_zone, allowance, allowance_ttl, max_debt, replay_window)
+         time_zone, allowance, allowance_ttl, max_debt, replay_window, rollover)
     VALUES (rl_define.name, rl_define.algorithm, coalesce(rl_define.burst, rl_define.amount),
             CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra'])
                  THEN rl_define.amount END,
@@ -756,7 +768,8 @@ BEGIN ATOMIC
             coalesce(rl_define.allowance_ttl, '1 second'),
             CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra', 'fixed_window'])
                  THEN rl_define.max_debt END,
-            coalesce(rl_define.replay_window, '1 hour'))
+            coalesce(rl_define.replay_window, '1 hour'),
+            CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) 'fixed_window' THEN rl_define.rollover END)
     ON CONFLICT (name) DO UPDATE
     SET algorithm = rl_define.algorithm,
         capacity = coalesce(rl_define.burst, rl_define.amount),
@@ -774,7 +787,9 @@ BEGIN ATOMIC
         allowance_ttl = coalesce(rl_define.allowance_ttl, p.allowance_ttl),
         max_debt = CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) ANY (ARRAY['token_bucket', 'gcra', 'fixed_window'])
                         THEN coalesce(rl_define.max_debt, p.max_debt) ELSE rl_define.max_debt END,
-        replay_window = coalesce(rl_define.replay_window, p.replay_window)
+        replay_window = coalesce(rl_define.replay_window, p.replay_window),
+        rollover = CASE WHEN rl_define.algorithm OPERATOR(pg_catalog.=) 'fixed_window'
+                        THEN coalesce(rl_define.rollover, p.rollover) ELSE rl_define.rollover END
     RETURNING *;
 END;
 
@@ -835,6 +850,25 @@ AS 'MODULE_PATHNAME', 'rl_peek' LANGUAGE C VOLATILE PARALLEL UNSAFE;
 REVOKE ALL ON FUNCTION @extschema@.rl_peek(text, text, bigint) FROM PUBLIC;
 COMMENT ON FUNCTION @extschema@.rl_peek(text, text, bigint) IS
     'the decision rl_consume would make, taking nothing';
+
+-- How much of its limit a subject has used, read by its peek (nothing taken): a fixed
+-- window's limit counts what it carried over; reset is when it is full again. NULL numbers
+-- when Redis did not answer (source says who did). The array form reads many subjects in
+-- one round trip per Redis node.
+CREATE FUNCTION @extschema@.rl_usage(policy text, subject text)
+RETURNS TABLE (used bigint, "limit" bigint, fraction double precision, reset timestamptz,
+               source text)
+AS 'MODULE_PATHNAME', 'rl_usage' LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1;
+REVOKE ALL ON FUNCTION @extschema@.rl_usage(text, text) FROM PUBLIC;
+COMMENT ON FUNCTION @extschema@.rl_usage(text, text) IS
+    'how much of its limit a subject has used: used, limit, fraction, reset; nothing taken';
+CREATE FUNCTION @extschema@.rl_usage(policy text, subjects text[])
+RETURNS TABLE (subject text, used bigint, "limit" bigint, fraction double precision,
+               reset timestamptz, source text)
+AS 'MODULE_PATHNAME', 'rl_usage' LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 100;
+REVOKE ALL ON FUNCTION @extschema@.rl_usage(text, text[]) FROM PUBLIC;
+COMMENT ON FUNCTION @extschema@.rl_usage(text, text[]) IS
+    'rl_usage of many subjects of one policy in one round trip, a row each in input order';
 
 CREATE FUNCTION @extschema@.rl_refund(policy text, subject text, amount bigint)
 RETURNS @extschema@.rl_decision
@@ -1007,6 +1041,20 @@ AS 'MODULE_PATHNAME', 'rl_stats_reset' LANGUAGE C VOLATILE PARALLEL RESTRICTED;
 REVOKE ALL ON FUNCTION @extschema@.rl_stats_reset() FROM PUBLIC;
 COMMENT ON FUNCTION @extschema@.rl_stats_reset() IS
     'set every rl_stats counter of this database (and the shared "(other)" row) to zero';
+
+-- The subjects of a policy most denied and most served lately on this server: for each kind
+-- ('denied': denials by the policy, 'taken': tokens granted), ranked by count, which is at
+-- most error above the subject's true weight; no subject missing weighs more than
+-- total / ratelimit.top_size. The subject itself only for roles that may read rl_override
+-- (which holds subjects); others see its keyed hash, as the decision log writes it.
+CREATE FUNCTION @extschema@.rl_top(policy text)
+RETURNS TABLE (kind text, rank integer, subject text, subject_hash text, count bigint,
+               error bigint, total bigint)
+AS 'MODULE_PATHNAME', 'rl_top' LANGUAGE C VOLATILE PARALLEL RESTRICTED ROWS 64;
+REVOKE ALL ON FUNCTION @extschema@.rl_top(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.rl_top(text) TO pg_monitor;
+COMMENT ON FUNCTION @extschema@.rl_top(text) IS
+    'the subjects of a policy most denied and most served lately on this server (subjects only for roles that may read rl_override)';
 
 -- The one-way hash the decision log writes for a subject, to find a subject's lines.
 CREATE FUNCTION @extschema@.rl_subject_hash(subject text) RETURNS text

@@ -9,7 +9,8 @@ CREATE ROLE regress_ratelimit_admin NOLOGIN;
 GRANT SELECT, INSERT, UPDATE, DELETE ON rl_policy, rl_override TO regress_ratelimit_admin;
 GRANT SELECT ON rl_policy_history TO regress_ratelimit_admin;
 GRANT EXECUTE ON FUNCTION rl_refund(text, text, bigint), rl_reset(text, text),
-                          rl_peek(text, text, bigint) TO regress_ratelimit_admin;
+                          rl_peek(text, text, bigint), rl_usage(text, text),
+                          rl_usage(text, text[]) TO regress_ratelimit_admin;
 GRANT pg_monitor TO regress_ratelimit_admin;
 CREATE ROLE regress_ratelimit_user NOLOGIN;
 GRANT EXECUTE ON FUNCTION rl_consume(text, text, bigint, interval, text), rl_enforce(text, text, bigint, interval, text),
@@ -52,6 +53,9 @@ FROM jsonb_array_elements(current_setting('response.headers')::jsonb) e, jsonb_o
 COMMIT;
 SELECT expect_error($$SELECT * FROM rl_stats$$);
 SELECT expect_error($$SELECT rl_stats_reset()$$);
+-- Nor who is limited, nor anyone's usage.
+SELECT expect_error($$SELECT * FROM rl_top('roles.api')$$);
+SELECT expect_error($$SELECT * FROM rl_usage('roles.api', 'r1')$$);
 -- Overrides apply to it without any right on rl_override.
 SELECT allowed, remaining, capacity, source FROM rl_consume('roles.api', 'r2');
 SELECT allowed, remaining, capacity, source FROM rl_consume('roles.api', 'r2');
@@ -68,6 +72,14 @@ SELECT expect_error($$SELECT rl_refund('roles.api', 'r1', 1)$$);
 SELECT expect_error($$SELECT rl_reset('roles.api', 'r1')$$);
 RESET ROLE;
 
+-- The administrator sees who is limited (the subjects: it may read rl_override) and how
+-- close a subject is to its limit.
+SET ROLE regress_ops;
+SELECT kind, subject, count, error FROM rl_top('roles.api') ORDER BY kind, count DESC, subject;
+SELECT used, "limit", fraction, source FROM rl_usage('roles.api', 'r1');
+SELECT subject, used, "limit" FROM rl_usage('roles.api', ARRAY['r1', 'r2', 'nobody']);
+RESET ROLE;
+
 -- The administrator gives budget back.
 SET ROLE regress_ops;
 SELECT allowed, remaining FROM rl_refund('roles.api', 'r1', 1);
@@ -82,7 +94,8 @@ DELETE FROM rl_policy WHERE name = 'roles.api';
 DROP ROLE regress_ops, regress_app;
 REVOKE ALL ON rl_policy, rl_override, rl_policy_history FROM regress_ratelimit_admin;
 REVOKE ALL ON FUNCTION rl_refund(text, text, bigint), rl_reset(text, text),
-                       rl_peek(text, text, bigint) FROM regress_ratelimit_admin;
+                       rl_peek(text, text, bigint), rl_usage(text, text),
+                       rl_usage(text, text[]) FROM regress_ratelimit_admin;
 REVOKE ALL ON FUNCTION rl_consume(text, text, bigint, interval, text), rl_enforce(text, text, bigint, interval, text),
                        rl_reserve(text, text, bigint, interval, text), rl_peek(text, text, bigint),
                        rl_acquire(text, text, text, interval), rl_release(text, text),

@@ -23,7 +23,6 @@
 #include "local/deny_cache.h"
 #include "local/slices.h"
 #include "observe/observe.h"
-#include "observe/stats.h"
 #include "policy/cache.h"
 #include "policy/subject.h"
 #include "redis/breaker.h"
@@ -84,11 +83,11 @@ ratelimit_shmem_request(void)
 	for (int i = 0; i < (int) lengthof(tables); i++)
 		size = add_size(size, table_shmem_size(tables[i]));
 	size = add_size(size, policy_shmem_size());
-	size = add_size(size, stats_shmem_size());
+	size = add_size(size, observe_shmem_size());
 	RequestAddinShmemSpace(size);
 	for (int i = 0; i < (int) lengthof(tables); i++)
 		table_shmem_request(tables[i]);
-	stats_shmem_request();
+	observe_shmem_request();
 }
 
 /* Creates or attaches to the shared memory of every layer. */
@@ -104,7 +103,7 @@ ratelimit_shmem_startup(void)
 	for (int i = 0; i < (int) lengthof(tables); i++)
 		table_shmem_init(tables[i]);
 	policy_shmem_init();
-	stats_shmem_init();
+	observe_shmem_init();
 	LWLockRelease(AddinShmemInitLock);
 }
 

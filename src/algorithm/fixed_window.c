@@ -4,8 +4,11 @@
  *	  where windows start and end). Each window counts in a key of its own,
  *	  one integer that lives until the window ends; a new window starts at 0.
  *	  The window is chosen here and Redis is told how long it has left, so the
- *	  scripts need no clock: one INCRBY decides most calls. Keep
- *	  fixed_window_apply and lua/fixed_window/ step for step alike.
+ *	  scripts need no clock: one INCRBY decides most calls. With rollover, a
+ *	  window's limit is the capacity and what the previous window left unused,
+ *	  at most `rollover` tokens, fixed at the window's first write (so its key
+ *	  lives through the next window too). Keep fixed_window_apply and
+ *	  lua/fixed_window/ step for step alike.
  */
 #include "prelude.h"
 
@@ -18,6 +21,10 @@ static const LuaScript take_once_script = LUA_SCRIPT("fixed_window/take_one (onc
 													 script_fixed_window_take_one_once);
 static const LuaScript take_script = LUA_TAKE_SCRIPT("fixed_window/take_one",
 													 script_fixed_window_take_one, &take_once_script);
+static const LuaScript carry_once_script = LUA_SCRIPT("fixed_window/take (once)",
+													  script_fixed_window_take_once);
+static const LuaScript carry_script = LUA_TAKE_SCRIPT("fixed_window/take", script_fixed_window_take,
+													  &carry_once_script);
 static const LuaScript book_once_script = LUA_SCRIPT("fixed_window/book (once)",
 													 script_fixed_window_book_once);
 static const LuaScript book_script = LUA_TAKE_SCRIPT("fixed_window/book", script_fixed_window_book,
@@ -29,51 +36,74 @@ static const LuaScript refund_script = LUA_SCRIPT("fixed_window/refund",
 												  script_fixed_window_refund);
 static const LuaScript slice_script = LUA_SCRIPT("fixed_window/slice", script_fixed_window_slice);
 
-/* The key and the 4 numbers of a check at at_ms: capacity, cost, ms left in the window, TTL. */
+/*
+ * How long the key of window lives: until it ends and a little more, at_ms
+ * being the later of now and the call's time; with rollover, through the
+ * next window too, whose first write reads what this one left unused.
+ */
+static int64
+fixed_window_ttl(const LimitParams *params, const LimitWindow *window, int64 at_ms)
+{
+	int64		ttl = Max(window->end_ms - at_ms, 0) + WINDOW_KEY_MARGIN_MS;
+
+	if (params->rollover > 0)
+	{
+		LimitWindow next;
+
+		window_at(params, window->end_ms, &next);
+		ttl += next.end_ms - next.start_ms;
+	}
+	return ttl;
+}
+
+/*
+ * Appends one window's 2 keys (the window of window_ms, the one before it)
+ * and 5 numbers (capacity, cost, ms left, TTL, rollover) to part, as
+ * lua/fixed_window/common.lua reads them; its time left and TTL count from
+ * from_ms (a refund's window may be older than now: its key need not
+ * outlive it).
+ */
+static void
+fixed_window_window(const LimitParams *params, const char *key, int64 cost, int64 window_ms,
+					int64 from_ms, LimitCall *part)
+{
+	LimitWindow window;
+	LimitWindow previous;
+	int64		from = from_ms;
+
+	window_at(params, window_ms, &window);
+	window_at(params, window.start_ms - 1, &previous);
+	part->keys[part->nkeys++] = window_key(key, window.start_ms);
+	part->keys[part->nkeys++] = window_key(key, previous.start_ms);
+	part->args[part->nargs++] = window_number(params->capacity);
+	part->args[part->nargs++] = window_number(cost);
+	part->args[part->nargs++] = window_number(Max(window.end_ms - from, 0));
+	part->args[part->nargs++] = window_number(fixed_window_ttl(params, &window, from));
+	part->args[part->nargs++] = window_number(params->rollover);
+}
+
+/* The keys and numbers of a check at at_ms (the group script's part). */
 static void
 fixed_window_part(const LimitParams *params, const char *key, int64 cost, int64 at_ms,
 				  LimitCall *part)
 {
-	LimitWindow window;
-	int64		left;
-
-	window_at(params, at_ms, &window);
-	/* A refund's window may be older than now: its key need not outlive it. */
-	left = Max(window.end_ms - Max(at_ms, clock_now_ms()), 0);
-	part->keys[0] = window_key(key, window.start_ms);
-	part->nkeys = 1;
-	part->nargs = 4;
-	part->args[0] = window_number(params->capacity);
-	part->args[1] = window_number(cost);
-	part->args[2] = window_number(left);
-	part->args[3] = window_number(left + WINDOW_KEY_MARGIN_MS);
+	part->nkeys = 0;
+	part->nargs = 0;
+	fixed_window_window(params, key, cost, at_ms, Max(at_ms, clock_now_ms()), part);
 }
 
-/*
- * A booking's second window, after the part of the window of at_ms: the next
- * window's key and 4 numbers, its time left counted from now, as its key's TTL.
- */
-static void
-fixed_window_next_part(const LimitParams *params, const char *key, int64 cost, int64 at_ms,
-					   LimitCall *call)
+/* True when mode's script answers the window's limit: a peek, a take with rollover. */
+bool
+fixed_window_answers_limit(const LimitParams *params, LimitMode mode)
 {
-	LimitWindow window;
-	LimitWindow next;
-	int64		left;
-
-	window_at(params, at_ms, &window);
-	window_at(params, window.end_ms, &next);
-	left = Max(next.end_ms - Max(at_ms, clock_now_ms()), 0);
-	call->keys[call->nkeys++] = window_key(key, next.start_ms);
-	call->args[call->nargs++] = window_number(params->capacity);
-	call->args[call->nargs++] = window_number(cost);
-	call->args[call->nargs++] = window_number(left);
-	call->args[call->nargs++] = window_number(left + WINDOW_KEY_MARGIN_MS);
+	return mode == LIMIT_PEEK || (mode == LIMIT_TAKE && params->rollover > 0);
 }
 
 /*
  * A call of mode's script; a refund goes to the window of at_ms (its take's);
- * a booking names the next window too.
+ * a booking names the next window too. A take without rollover is the lean
+ * take_one.lua: this window's key and 4 numbers. A take with rollover and
+ * a peek answer the window's limit after the take's four numbers.
  */
 static void
 fixed_window_call(const LimitParams *params, LimitMode mode, const char *key, int64 cost,
@@ -81,12 +111,24 @@ fixed_window_call(const LimitParams *params, LimitMode mode, const char *key, in
 {
 	fixed_window_part(params, key, cost, at_ms, call);
 	if (mode == LIMIT_BOOK)
-		fixed_window_next_part(params, key, cost, at_ms, call);
+	{
+		LimitWindow window;
+
+		window_at(params, at_ms, &window);
+		fixed_window_window(params, key, cost, window.end_ms, Max(at_ms, clock_now_ms()), call);
+	}
+	if (mode == LIMIT_TAKE && params->rollover == 0)
+	{
+		call->nkeys = 1;
+		call->nargs = 4;
+	}
+	call->answers_limit = fixed_window_answers_limit(params, mode);
 	call->script = mode == LIMIT_PEEK ? &peek_script :
 		mode == LIMIT_REFUND ? &refund_script :
 		mode == LIMIT_SLICE ? &slice_script :
 		mode == LIMIT_BOOK ? &book_script :
-		mode == LIMIT_OWE ? &owe_script : &take_script;
+		mode == LIMIT_OWE ? &owe_script :
+		params->rollover > 0 ? &carry_script : &take_script;
 	if (refund_mark != NULL)
 		call->keys[call->nkeys++] = refund_mark;
 }
@@ -114,7 +156,8 @@ fixed_window_state_new(const LimitParams *params, SubjectState *state, int64 now
 }
 
 /*
- * Decides cost at now_ms. The count belongs to the window starting at
+ * Decides cost at now_ms (the local fallback: its params carry nothing over,
+ * rollover being Redis's alone). The count belongs to the window starting at
  * last_ms: a later window starts at 0. One slot holds one window, so a clock
  * that steps back into an earlier window keeps counting in the later one
  * (denying more, never granting more; Redis would count in the earlier

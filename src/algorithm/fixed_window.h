@@ -1,6 +1,7 @@
 /*
  * fixed_window.h
- *	  At most `capacity` per window: one integer per subject and window.
+ *	  At most `capacity` per window (with rollover, and what the window
+ *	  before left unused): one value per subject and window.
  *	  Its scripts are lua/fixed_window/.
  */
 #ifndef RL_FIXED_WINDOW_H
@@ -9,5 +10,6 @@
 #include "algorithm/limit.h"
 
 extern const LimitOps fixed_window_ops;
+extern bool fixed_window_answers_limit(const LimitParams *params, LimitMode mode);
 
 #endif							/* RL_FIXED_WINDOW_H */

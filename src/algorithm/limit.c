@@ -149,6 +149,13 @@ limit_params_init(LimitParams *params, Algorithm algorithm, int64 capacity,
 	return true;
 }
 
+/* True when a call of params' script in mode answers its limit 5th (fixed_window.c). */
+bool
+limit_answers_limit(const LimitParams *params, LimitMode mode)
+{
+	return params->algorithm == ALGORITHM_FIXED_WINDOW && fixed_window_answers_limit(params, mode);
+}
+
 /* The C model and scripts of params' algorithm. */
 const LimitOps *
 limit_ops(const LimitParams *params)

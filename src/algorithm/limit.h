@@ -60,6 +60,7 @@ typedef struct LimitParams
 	int64		window_ms;		/* window algorithms: the window, when not a calendar unit */
 	WindowCalendar calendar;
 	char		time_zone[LIMIT_ZONE_LEN];	/* a calendar window's zone */
+	int64		rollover;		/* fixed window: most unused tokens carried on (0: none) */
 } LimitParams;
 
 /* The most tokens a sliding log kept in C (a local fallback slot) holds: one time each. */
@@ -108,11 +109,11 @@ typedef struct LimitWindow
 } LimitWindow;
 
 /*
- * Most keys and numbers one check sends: a sliding window's two keys, a
- * refund's mark and the request it forgets; a fixed window's booking names two
- * windows (8 numbers), then its wait and debt.
+ * Most keys and numbers one check sends: a window's two keys, a refund's
+ * mark and the request it forgets; a fixed window's booking names two
+ * windows (4 keys, 10 numbers), then its wait and debt, and its request.
  */
-#define LIMIT_MAX_KEYS 4
+#define LIMIT_MAX_KEYS 5
 #define LIMIT_MAX_ARGS 10
 
 /* One check's script, keys and numbers: one call of its own, or one part of a group. */
@@ -123,6 +124,7 @@ typedef struct LimitCall
 	const char *keys[LIMIT_MAX_KEYS];
 	int			nargs;			/* after the clock */
 	const char *args[LIMIT_MAX_ARGS];
+	bool		answers_limit;	/* a 5th number follows the four: the window's limit */
 } LimitCall;
 
 /*
@@ -162,6 +164,7 @@ extern bool limit_params_init(LimitParams *params, Algorithm algorithm, int64 ca
 							  int64 refill_amount, const Interval *period,
 							  int64 idle_ttl_ms, const char *time_zone);
 extern const LimitOps *limit_ops(const LimitParams *params);
+extern bool limit_answers_limit(const LimitParams *params, LimitMode mode);
 extern const LuaScript *limit_group_script(void);
 extern void limit_give_back_call(const LimitParams *params, const char *key, int64 tokens,
 								 int64 taken_ms, LimitCall *call);

@@ -84,8 +84,9 @@ made_once(const DecisionRequest *request, LimitMode mode)
  * the request id it forgets; a take that may wait books (its wait and the
  * policy's debt follow its numbers); a take with a request id is made once
  * (the id's key and memory follow). Its reply: 4 numbers, then the wait a
- * booking answers (a take made once: 0 when it books nothing), then whether
- * a take made once was a replay.
+ * booking answers (a take made once: 0 when it books nothing) or the limit
+ * of a window that answers it (limit_answers_limit), then whether a take made
+ * once was a replay.
  */
 void
 ask_call(const DecisionRequest *request, LimitMode mode, const char *key, int64 at_ms,
@@ -102,6 +103,8 @@ ask_call(const DecisionRequest *request, LimitMode mode, const char *key, int64 
 	if (request->refund_id != NULL)
 		mark = psprintf("%s:refund:%s", key, request->refund_id);
 	limit_ops(params)->call(params, script, key, request->cost, at_ms, mark, &part);
+	if (part.answers_limit)
+		nresults = 5;
 	/* A split policy's peek looks at this region's share of the window (engine/region.c). */
 	if (mode == LIMIT_PEEK && request->policy.region_mode == REGION_MODE_SPLIT)
 		part.args[0] = window_number(placement_share(&request->policy));
@@ -156,15 +159,28 @@ decision_from_reply(const long long *results, bool slice, Decision *decision,
 
 /*
  * Reads what follows a reply's four numbers into decision (request's): a booking's
- * wait (a replay's: until the turn its first asking booked), a replay's mark;
+ * wait (a replay's: until the turn its first asking booked), or a rollover
+ * window's limit (its capacity), a replay's mark;
  * false, with a protocol failure, when they make no sense.
  */
 bool
 ask_reply_extras(const DecisionRequest *request, const RedisCall *call, Decision *decision,
 				 RedisFailure *failure)
 {
-	long long	wait = call->nresults > 4 ? call->results[4] : 0;
+	const LimitParams *params = &request->policy.bucket;
+	/* (A slice fetched for a take answers four numbers, no limit.) */
+	bool		limit = call->nresults > 4 &&
+		limit_answers_limit(params, script_mode(request, request->mode));
+	long long	wait = call->nresults > 4 && !limit ? call->results[4] : 0;
 	long long	replay = call->nresults > 5 ? call->results[5] : 0;
+
+	/* A window with rollover: the limit it counts against, the capacity and what it carried. */
+	if (limit && params->rollover > 0)
+	{
+		if (call->results[4] < params->capacity || call->results[4] > params->capacity + params->rollover)
+			return redis_fail(failure, REDIS_FAILURE_PROTOCOL, "unexpected reply");
+		decision->capacity = call->results[4];
+	}
 
 	if (wait < 0 || wait > (replay ? REQUEST_MAX_WAIT_MS : request->max_wait_ms) ||
 		(wait > 0 && !decision->allowed) ||

@@ -225,6 +225,51 @@ lease_peek(const DecisionRequest *request, Decision *decision)
 	decision_shadow(&request->policy, decision);
 }
 
+/*
+ * The decisions rl_acquire would make now for count requests (of one
+ * policy), taking no lease, in one round trip per Redis node (rl_usage).
+ */
+void
+lease_peek_many(const DecisionRequest *requests, Decision *decisions, int count)
+{
+	RedisCall  *calls = palloc0(Max(count, 1) * sizeof(RedisCall));
+	int		   *asked = palloc(Max(count, 1) * sizeof(int));
+	int			ncalls = 0;
+	RedisFailure failure;
+
+	for (int i = 0; i < count; i++)
+	{
+		decision_init(&requests[i].policy, &decisions[i]);
+		if (decision_fixed(&requests[i].policy, &decisions[i]))
+			continue;
+		lease_script_call(LEASE_PEEK, &requests[i].policy, lease_key(&requests[i]), "", "",
+						  &calls[ncalls]);
+		asked[ncalls++] = i;
+	}
+	if (ncalls > 0)
+		(void) redis_run_scripts(calls, ncalls, 0, &failure);
+	for (int c = 0; c < ncalls; c++)
+	{
+		const DecisionRequest *request = &requests[asked[c]];
+		Decision   *decision = &decisions[asked[c]];
+		RedisFailure outcome = calls[c].failure.kind != REDIS_FAILURE_NONE ? calls[c].failure : failure;
+		bool		answered = calls[c].answered &&
+			decision_from_reply(calls[c].results, false, decision, &outcome);
+
+		engine_observe_redis(&request->policy, answered, &outcome, calls[c].round_trip_us);
+		/* The script failed on the request's own values: an error, never a fail mode. */
+		if (!answered && decision_script_failed(&request->policy, &outcome, decision))
+			decision_raise_script_error(decision);
+		if (!answered)
+		{
+			decision->retry_after_ms = calls[c].retry_after_ms;
+			lease_fail_mode(request, decision);
+		}
+	}
+	for (int i = 0; i < count; i++)
+		decision_shadow(&requests[i].policy, &decisions[i]);
+}
+
 /* Raises an error unless policy is a concurrency policy: only those have leases. */
 void
 lease_check_policy(const Policy *policy)

@@ -13,5 +13,6 @@ extern void lease_acquire(const DecisionRequest *request, bool session, int64 ma
 						  Decision *decision);
 extern bool lease_release(const DecisionRequest *request);
 extern void lease_peek(const DecisionRequest *request, Decision *decision);
+extern void lease_peek_many(const DecisionRequest *requests, Decision *decisions, int count);
 
 #endif							/* RL_LEASE_H */

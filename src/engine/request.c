@@ -56,14 +56,17 @@ request_check(Oid function_oid, const char *name, const char *subject, int lengt
 
 /*
  * Sets a checked request's mode and cost (a refund's amount): token buckets
- * only, except for a peek, and a cost between 1 and the capacity (a refund's
- * amount is capped at the capacity instead).
+ * only, except for a peek, and a cost between 1 and the capacity (with
+ * rollover, and the most it carries; a refund's amount is capped there
+ * instead).
  */
 void
 request_cost(DecisionRequest *request, LimitMode mode, int64 cost)
 {
 	const Policy *policy = &request->policy;
 	const char *amount_name = mode == LIMIT_REFUND ? "amount" : "cost";
+	/* A window with rollover may hold the capacity and what it carried over. */
+	int64		most = policy->bucket.capacity + policy->bucket.rollover;
 
 	if (policy->algorithm == ALGORITHM_CONCURRENCY && mode != LIMIT_PEEK)
 		ereport(ERROR,
@@ -78,14 +81,14 @@ request_cost(DecisionRequest *request, LimitMode mode, int64 cost)
 				 errmsg("a peek at concurrency policy \"%s\" counts one lease", policy->name),
 				 errdetail("The cost was " INT64_FORMAT ".", cost),
 				 errhint("Peek with a cost of 1, or omit the cost.")));
-	if (mode == LIMIT_REFUND && cost > policy->bucket.capacity)
-		cost = policy->bucket.capacity;
-	if (cost <= 0 || cost > policy->bucket.capacity)
+	if (mode == LIMIT_REFUND && cost > most)
+		cost = most;
+	if (cost <= 0 || cost > most)
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("%s must be between 1 and the capacity of policy \"%s\" (" INT64_FORMAT ")",
-						amount_name, policy->name, policy->bucket.capacity),
+						amount_name, policy->name, most),
 				 errdetail("The %s was " INT64_FORMAT ".", amount_name, cost),
 				 errhint("Ask for at most the capacity, or raise the policy's capacity in rl_policy.")));
 	request->mode = mode;
@@ -138,6 +141,13 @@ request_wait(DecisionRequest *request, const Interval *max_wait)
 				 errdetail("A %s has no later time of its own to book.",
 						   limit_algorithm_name(policy->algorithm)),
 				 errhint("Wait with token_bucket, gcra or fixed_window policies (concurrency: rl_acquire's max_wait), or retry after retry_after_ms.")));
+	if (policy->bucket.rollover > 0)
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("rate limit policy \"%s\" cannot book a wait", policy->name),
+				 errdetail("A window with rollover has no limit for the next window until this one is over."),
+				 errhint("Retry after retry_after_ms, or set the policy's rollover to NULL to wait.")));
 	placement_refuse_split(policy, "max_wait");
 	request->max_wait_ms = ms;
 }

@@ -1,21 +1,26 @@
 /*
  * monitoring.c
  *	  The functions that watch the limiter: rl_health, rl_stats_read,
- *	  rl_stats_reset, rl_subject_hash, rl_local_available.
+ *	  rl_stats_reset, rl_top, rl_subject_hash, rl_local_available.
  */
 #include "prelude.h"
 
 #include "access/htup_details.h"
+#include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "funcapi.h"
+#include "miscadmin.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
+#include "utils/lsyscache.h"
 #include "utils/timestamp.h"
 
 #include "base/log_privacy.h"
 #include "functions/args.h"
 #include "local/buckets.h"
 #include "observe/stats.h"
+#include "observe/top.h"
 #include "policy/subject.h"
 #include "redis/breaker.h"
 #include "redis/cluster.h"
@@ -227,6 +232,59 @@ RL_SQL_FUNCTION(rl_stats_reset)
 			(errhidestmt(true),
 			 errmsg("ratelimit: statistics reset")));
 	PG_RETURN_VOID();
+}
+
+/*
+ * True when the caller may see subjects: it may read rl_override (beside
+ * function_oid, in the extension's schema), which holds subjects anyway.
+ */
+static bool
+shows_subjects(Oid function_oid)
+{
+	Oid			relid = get_relname_relid("rl_override", get_func_namespace(function_oid));
+
+	return OidIsValid(relid) && pg_class_aclcheck(relid, GetUserId(), ACL_SELECT) == ACLCHECK_OK;
+}
+
+/*
+ * rl_top(policy): the subjects of policy most denied and most served lately
+ * on this server (observe/top.c): kind, rank, subject (NULL unless the caller
+ * may see subjects), its keyed hash, count, error, total.
+ */
+RL_SQL_FUNCTION(rl_top)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	List	   *rows;
+	ListCell   *cell;
+	bool		shows;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("policy must not be null"),
+				 errhint("Pass a policy name from rl_policy.")));
+	rows = top_read(TextDatumGetCString(PG_GETARG_DATUM(0)));
+	shows = shows_subjects(fcinfo->flinfo->fn_oid);
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	foreach(cell, rows)
+	{
+		TopRow	   *top = lfirst(cell);
+		ArgsRow		row;
+
+		args_row_start(&row, rsinfo->setDesc);
+		args_row_set(&row, "kind", TEXTOID, CStringGetTextDatum(top->kind));
+		args_row_set(&row, "rank", INT4OID, Int32GetDatum(top->rank));
+		if (shows)
+			args_row_set(&row, "subject", TEXTOID,
+						 PointerGetDatum(cstring_to_text_with_len(top->subject, top->length)));
+		args_row_set(&row, "subject_hash", TEXTOID, CStringGetTextDatum(top->hash));
+		args_row_set(&row, "count", INT8OID, Int64GetDatum(top->count));
+		args_row_set(&row, "error", INT8OID, Int64GetDatum(top->error));
+		args_row_set(&row, "total", INT8OID, Int64GetDatum(top->total));
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, row.values, row.nulls);
+	}
+	return (Datum) 0;
 }
 
 /* rl_subject_hash(subject): the hash the decision log writes for subject. */

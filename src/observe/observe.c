@@ -2,7 +2,7 @@
  * observe.c
  *	  The observation layer: defines its settings and subscribes to what the
  *	  engine reports (engine/observer.h), handing each report to the
- *	  statistics, the health lines and the decision log.
+ *	  statistics, the top subjects, the health lines and the decision log.
  */
 #include "prelude.h"
 
@@ -11,6 +11,7 @@
 #include "observe/health.h"
 #include "observe/observe.h"
 #include "observe/stats.h"
+#include "observe/top.h"
 
 /* A decision's call to Redis: counted, and its health noted. */
 static void
@@ -29,18 +30,41 @@ observe_settle_call(const char *policy_name, bool answered, const RedisFailure *
 	stats_redis(policy_name, answered, failure, round_trip_us);
 }
 
-/* A decision that spends: counted, and logged if the settings choose it. */
+/* A decision that spends: counted, summarised by subject, and logged if the settings choose it. */
 static void
 observe_decision(const DecisionRequest *request, const Decision *decision, int64 cost)
 {
 	stats_decision(decision, cost);
+	top_decision(decision, cost, request->subject, request->length);
 	decision_log(decision, cost, request->subject, request->length);
+}
+
+/* The shared memory of the statistics and the summaries (when preloaded). */
+Size
+observe_shmem_size(void)
+{
+	return add_size(stats_shmem_size(), top_shmem_size());
+}
+
+void
+observe_shmem_request(void)
+{
+	stats_shmem_request();
+	top_shmem_request();
+}
+
+void
+observe_shmem_init(void)
+{
+	stats_shmem_init();
+	top_shmem_init();
 }
 
 void
 observe_init(bool preloaded)
 {
 	stats_init(preloaded);
+	top_init(preloaded);
 	decision_log_init();
 	engine_observer.redis_call = observe_redis_call;
 	engine_observer.settle_call = observe_settle_call;

@@ -130,6 +130,9 @@ policy_limits(Policy *policy, int64 capacity, int64 refill_amount, int64 period_
 	}
 	policy->usable = limit_params_init(&policy->bucket, policy->algorithm, capacity,
 									   refill_amount, period, idle_ttl_ms, zone);
+	/* At most the capacity, so an override's smaller capacity carries at most itself. */
+	if (policy->algorithm == ALGORITHM_FIXED_WINDOW)
+		policy->bucket.rollover = Min(policy->rollover, capacity);
 	policy_local_bucket(policy, capacity, refill_amount, period_ms);
 }
 
@@ -163,6 +166,8 @@ typedef struct PolicyColumns
 	AttrNumber	region_mode;
 	AttrNumber	home_region;
 	AttrNumber	region_base;
+	/* Added by 0.12: until then, no rollover. */
+	AttrNumber	rollover;
 } PolicyColumns;
 
 /* Finds rel's columns. */
@@ -188,6 +193,7 @@ policy_columns(Relation rel, PolicyColumns *columns)
 	columns->region_mode = get_attnum(RelationGetRelid(rel), "region_mode");
 	columns->home_region = get_attnum(RelationGetRelid(rel), "home_region");
 	columns->region_base = get_attnum(RelationGetRelid(rel), "region_base");
+	columns->rollover = get_attnum(RelationGetRelid(rel), "rollover");
 }
 
 /* How a row's budget spans regions (region_mode, home_region, region_base). */
@@ -271,6 +277,9 @@ policy_from_row(Policy *policy, const Datum *values, const bool *nulls, const Po
 		policy->replay_window_ms =
 			Max(policy_interval_ms(DatumGetIntervalP(values[c->replay_window - 1])), 1);
 	policy_regions(policy, values, nulls, c);
+	policy->rollover = 0;
+	if (c->rollover != InvalidAttrNumber && !nulls[c->rollover - 1])
+		policy->rollover = Max(DatumGetInt64(values[c->rollover - 1]), 0);
 	policy->local_usable = false;
 	if (policy->algorithm == ALGORITHM_CONCURRENCY)
 		/* Leases: capacity at once, each living at most idle_ttl. */

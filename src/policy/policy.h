@@ -71,6 +71,7 @@ typedef struct Policy
 	int64		allowance_ttl_ms;	/* how long a slice may be used */
 	int64		max_debt;		/* tokens a subject may owe past empty (-1: its capacity) */
 	int64		replay_window_ms;	/* how long a request id's grant is remembered */
+	int64		rollover;		/* fixed window: most unused tokens carried on (0: none) */
 	double		local_share;
 	RegionMode	region_mode;
 	char		home_region[64];	/* home and split: the region that holds the budget */

@@ -14,7 +14,8 @@
 # and the scripts Redis runs for everyone (the sliding log at its bounds, groups of 32
 # checks), waits (a crowd waiting and cancelled; a crowd waiting for a lease; bookings bounded
 # per subject), regions (a region whose Redis is silent: its breaker apart from this
-# server's; the shares and leases of split policies are in t/220).
+# server's; the shares and leases of split policies are in t/220), rl_top's summaries (a
+# flood of one-shot subjects, on another policy and on the victim's own).
 
 use strict;
 use warnings;
@@ -31,8 +32,9 @@ my $redis = redis_start(name => 'noisy');
 # A breaker that opened would stay open for retry_interval: the victims go on that long
 # after the attack.
 my $retry_ms = 500;
+# rl_top's summaries cover the whole run: its rows compare with rl_stats.
 my $node = rl_node('noisy', redis => $redis, max_connections => 60,
-	conf => ["ratelimit.retry_interval = '${retry_ms}ms'"]);
+	conf => ["ratelimit.retry_interval = '${retry_ms}ms'", "ratelimit.top_period = '1h'"]);
 
 $node->safe_psql('postgres', q{
 	SELECT rl_define('nn.victim', 1000000, per => '1 hour');
@@ -381,6 +383,31 @@ my $storm_batch = 'SELECT count(*) FROM rl_consume_many(\'nn.att\', ' . subjects
 		ALTER SYSTEM RESET ratelimit.regions;
 		SELECT pg_reload_conf();
 	});
+}
+
+###
+### rl_top's summaries (0.12.0): a flood of 100,000 one-shot subjects on another policy (the
+### control: as many takes of one subject) leaves the victim's summary as it was: its subject
+### first, counted exactly (every token rl_stats counted, error 0). Then a flood on the
+### victim's own policy may raise the bound (total / ratelimit.top_size) but hides no subject
+### weighing more.
+###
+{
+	my $size = $node->safe_psql('postgres', 'SHOW ratelimit.top_size');
+	row('a flood of 100,000 one-shot subjects (rl_top)',
+		q{SELECT count(*) FROM rl_consume_many('nn.att', array_fill('tf_one'::text, ARRAY[100000]));},
+		'SELECT count(*) FROM rl_consume_many(\'nn.att\', ' . subjects_sql('tf', 100000) . ');');
+	my $tokens = $node->safe_psql('postgres', q{SELECT tokens FROM rl_stats WHERE policy = 'nn.victim'});
+	is($node->safe_psql('postgres', q{SELECT subject || ' ' || count || ' ' || error FROM rl_top('nn.victim') WHERE kind = 'taken' AND rank = 1}),
+		"v_other $tokens 0", "rl_top: the victim's subject first, all its $tokens tokens, error 0");
+	$node->safe_psql('postgres', 'SELECT count(*) FROM rl_consume_many(\'nn.victim\', ' . subjects_sql('vf', 100000) . ')');
+	my ($count, $error, $total) = split /\|/, $node->safe_psql('postgres',
+		q{SELECT count, error, total FROM rl_top('nn.victim') WHERE kind = 'taken' AND subject = 'v_other'});
+	($total) = $node->safe_psql('postgres', q{SELECT DISTINCT total FROM rl_top('nn.victim') WHERE kind = 'taken'});
+	note "rl_top after a flood on the victim's policy: v_other's $tokens tokens counted " . ($count // 'missing')
+	  . ' (error ' . ($error // '-') . "), total $total, bound " . int($total / $size);
+	ok(defined $count ? $count - $error <= $tokens && $tokens <= $count : $tokens <= $total / $size,
+		'rl_top: a flood on the victim\'s own policy hides its subject only below the stated bound');
 }
 
 is($node->safe_psql('postgres', 'SELECT pg_postmaster_start_time() = pg_postmaster_start_time()'), 't',
