@@ -11,7 +11,7 @@
 -- a denial takes nothing and writes nothing, and its wait counts from what is left after
 -- the checks before it.
 local MAKERS = {cell_token_bucket, cell_gcra, cell_fixed_window, cell_sliding_window,
-                cell_sliding_log}
+                cell_sliding_log, function() return cell_fixed_window().ROLLOVER end}
 local CELLS = {}
 local now = nil
 local checks, states, order = {}, {}, {}

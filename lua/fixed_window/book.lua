@@ -2,16 +2,14 @@
 -- window when the cost fits; else, when this window ends at most max_wait ms from now,
 -- booked in the next window if it fits there (the next window's count holds it, so the
 -- next window grants no more than its capacity); else denied as a take is.
--- KEYS     this window's 2 keys (common.lua's), the next window's 2
--- ARGV     the clock (unused), this window's 5 numbers (common.lua's), the next window's
---          5, max_wait in ms, max_debt in tokens (unused: a window owes nothing)
--- A policy with rollover books nothing (PostgreSQL refuses it a wait): the next window's
--- limit is fixed only once this one is over.
+-- KEYS[1]  this window's count, KEYS[2] the next window's
+-- ARGV     the clock (unused), this window's 4 numbers (as take_one.lua's), the next
+--          window's 4, max_wait in ms, max_debt in tokens (unused: a window owes nothing)
 -- Replies {allowed (0|1), remaining, retry_after_ms, reset_after_ms, wait_ms}.
-expect_args(13)
+expect_args(11)
 local s = FIXED_WINDOW.load(1, 2)
-local n = FIXED_WINDOW.load(3, 7)
-local max_wait = tonumber(ARGV[12])
+local n = FIXED_WINDOW.load(2, 6)
+local max_wait = tonumber(ARGV[10])
 if not is_exact(max_wait) then
   error({err = 'ERR ratelimit wait or debt is not a whole number'})
 end

@@ -6,16 +6,20 @@
 -- key): one integer, written with a TTL that outlives the window's end a little. A
 -- missing key is a count of 0. No clock: PostgreSQL said how long the window has left.
 --
--- Rollover (the policy's rollover column, > 0): what the previous window left unused, at
--- most rollover tokens, is carried into this one. Its key then holds "count:carried", the
--- carried tokens fixed at the window's first write, so this window's limit never changes
--- once it has begun; the previous window's key (named too) lives through this window for
--- that first write to read. A previous window never written to left all of it unused.
+-- Each check takes 1 key and 4 arguments: capacity, cost, ms left in the window, the key's
+-- TTL.
 --
--- Each check takes 2 keys (this window's, the previous one's) and 5 arguments:
--- capacity, cost, ms left in the window, the key's TTL, rollover (0: none).
+-- Rollover (the policy's rollover column): what the previous window left unused, at most
+-- rollover tokens, is carried into this one. Such a check is the cell ROLLOVER: 2 keys
+-- (this window's, the previous one's) and a 5th argument, rollover. Its window's key holds
+-- "count:carried", the carried tokens fixed at the window's first write, so the window's
+-- limit never changes once it has begun; the previous window's key lives through this
+-- window for that first write to read. A previous window never written to left all of it
+-- unused. (PostgreSQL names these windows' keys apart from plain ones.)
 
-local FIXED_WINDOW = {nkeys = 2, nargs = 5}
+local FIXED_WINDOW = {nkeys = 1, nargs = 4}
+local ROLLOVER = setmetatable({nkeys = 2, nargs = 5}, {__index = FIXED_WINDOW})
+FIXED_WINDOW.ROLLOVER = ROLLOVER
 
 -- A window's stored value: its count and the tokens carried into it (a missing key: 0, 0).
 local function window_value(value)
@@ -41,15 +45,20 @@ local function get_value(key)
   return value
 end
 
-function FIXED_WINDOW.load(k, a)
+-- A check's state: KEYS from k, ARGV from a; with rollover, its 5th number and the
+-- previous window's key.
+local function load_window(k, a, rollover)
   local s = {
     key = KEYS[k],
     capacity = tonumber(ARGV[a]),
     cost = tonumber(ARGV[a + 1]),
     left = tonumber(ARGV[a + 2]),
     ttl = tonumber(ARGV[a + 3]),
-    rollover = tonumber(ARGV[a + 4]),
+    rollover = rollover and tonumber(ARGV[a + 4]) or 0,
   }
+  if not is_exact(s.rollover) or s.rollover < 0 then
+    error({err = 'ERR ratelimit rollover is not a whole number'})
+  end
   local value = get_value(s.key)
   s.count, s.carried = window_value(value)
   if not value and s.rollover > 0 then
@@ -63,6 +72,23 @@ function FIXED_WINDOW.load(k, a)
   end
   s.limit = s.capacity + s.carried
   return s
+end
+
+function FIXED_WINDOW.load(k, a)
+  return load_window(k, a, false)
+end
+
+function ROLLOVER.load(k, a)
+  return load_window(k, a, true)
+end
+
+-- The cell of a script's one check: ROLLOVER when ARGV holds its 5 numbers (after the clock,
+-- then `extra` more), else FIXED_WINDOW.
+local function fixed_cell(extra)
+  if #ARGV == 1 + ROLLOVER.nargs + extra then
+    return ROLLOVER
+  end
+  return FIXED_WINDOW
 end
 
 function FIXED_WINDOW.try(s, e)

@@ -4,4 +4,5 @@
 -- KEYS[1] the window's count; KEYS[2] optional: the mark that makes this refund happen
 -- once. ARGV as take_one.lua's, the cost being the amount. Replies {1 when given back
 -- (0: done already), remaining, 0, reset_after_ms}.
-return refund_one(FIXED_WINDOW)
+-- A ROLLOVER check (common.lua) when its numbers say so.
+return refund_one(fixed_cell(0))

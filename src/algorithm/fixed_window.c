@@ -56,30 +56,41 @@ fixed_window_ttl(const LimitParams *params, const LimitWindow *window, int64 at_
 	return ttl;
 }
 
+/* The letter of a window's key: a window with rollover holds another value. */
+static char
+fixed_window_letter(const LimitParams *params)
+{
+	return params->rollover > 0 ? 'r' : 'w';
+}
+
 /*
- * Appends one window's 2 keys (the window of window_ms, the one before it)
- * and 5 numbers (capacity, cost, ms left, TTL, rollover) to part, as
- * lua/fixed_window/common.lua reads them; its time left and TTL count from
- * from_ms (a refund's window may be older than now: its key need not
- * outlive it).
+ * Appends one window's key and 4 numbers (capacity, cost, ms left, TTL) to
+ * part, as lua/fixed_window/common.lua reads them; with rollover, the
+ * previous window's key and a 5th number, rollover (its ROLLOVER check). Its
+ * time left and TTL count from from_ms (a refund's window may be older than
+ * now: its key need not outlive it).
  */
 static void
 fixed_window_window(const LimitParams *params, const char *key, int64 cost, int64 window_ms,
 					int64 from_ms, LimitCall *part)
 {
 	LimitWindow window;
-	LimitWindow previous;
-	int64		from = from_ms;
 
 	window_at(params, window_ms, &window);
-	window_at(params, window.start_ms - 1, &previous);
-	part->keys[part->nkeys++] = window_key(key, window.start_ms);
-	part->keys[part->nkeys++] = window_key(key, previous.start_ms);
+	part->keys[part->nkeys++] = window_key(key, fixed_window_letter(params), window.start_ms);
 	part->args[part->nargs++] = window_number(params->capacity);
 	part->args[part->nargs++] = window_number(cost);
-	part->args[part->nargs++] = window_number(Max(window.end_ms - from, 0));
-	part->args[part->nargs++] = window_number(fixed_window_ttl(params, &window, from));
-	part->args[part->nargs++] = window_number(params->rollover);
+	part->args[part->nargs++] = window_number(Max(window.end_ms - from_ms, 0));
+	part->args[part->nargs++] = window_number(fixed_window_ttl(params, &window, from_ms));
+	if (params->rollover > 0)
+	{
+		LimitWindow previous;
+
+		window_at(params, window.start_ms - 1, &previous);
+		part->keys[part->nkeys++] = window_key(key, 'r', previous.start_ms);
+		part->args[part->nargs++] = window_number(params->rollover);
+		part->tag = FIXED_WINDOW_ROLLOVER_TAG;
+	}
 }
 
 /* The keys and numbers of a check at at_ms (the group script's part). */
@@ -89,21 +100,21 @@ fixed_window_part(const LimitParams *params, const char *key, int64 cost, int64 
 {
 	part->nkeys = 0;
 	part->nargs = 0;
+	part->tag = 0;
 	fixed_window_window(params, key, cost, at_ms, Max(at_ms, clock_now_ms()), part);
 }
 
-/* True when mode's script answers the window's limit: a peek, a take with rollover. */
+/* True when mode's script answers the window's limit: a peek or a take, with rollover. */
 bool
 fixed_window_answers_limit(const LimitParams *params, LimitMode mode)
 {
-	return mode == LIMIT_PEEK || (mode == LIMIT_TAKE && params->rollover > 0);
+	return params->rollover > 0 && (mode == LIMIT_PEEK || mode == LIMIT_TAKE);
 }
 
 /*
  * A call of mode's script; a refund goes to the window of at_ms (its take's);
- * a booking names the next window too. A take without rollover is the lean
- * take_one.lua: this window's key and 4 numbers. A take with rollover and
- * a peek answer the window's limit after the take's four numbers.
+ * a booking names the next window too (never with rollover: request.c). A
+ * take without rollover is the lean take_one.lua.
  */
 static void
 fixed_window_call(const LimitParams *params, LimitMode mode, const char *key, int64 cost,
@@ -114,13 +125,9 @@ fixed_window_call(const LimitParams *params, LimitMode mode, const char *key, in
 	{
 		LimitWindow window;
 
+		Assert(params->rollover == 0);
 		window_at(params, at_ms, &window);
 		fixed_window_window(params, key, cost, window.end_ms, Max(at_ms, clock_now_ms()), call);
-	}
-	if (mode == LIMIT_TAKE && params->rollover == 0)
-	{
-		call->nkeys = 1;
-		call->nargs = 4;
 	}
 	call->answers_limit = fixed_window_answers_limit(params, mode);
 	call->script = mode == LIMIT_PEEK ? &peek_script :
@@ -141,7 +148,7 @@ fixed_window_reset_keys(const LimitParams *params, const char *key, int64 at_ms,
 	LimitWindow window;
 
 	window_at(params, at_ms, &window);
-	keys[0] = window_key(key, window.start_ms);
+	keys[0] = window_key(key, fixed_window_letter(params), window.start_ms);
 	return 1;
 }
 

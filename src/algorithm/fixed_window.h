@@ -9,6 +9,9 @@
 
 #include "algorithm/limit.h"
 
+/* The group script's tag of a fixed window with rollover (lua/group.lua: its ROLLOVER cell). */
+#define FIXED_WINDOW_ROLLOVER_TAG 6
+
 extern const LimitOps fixed_window_ops;
 extern bool fixed_window_answers_limit(const LimitParams *params, LimitMode mode);
 

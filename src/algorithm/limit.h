@@ -111,9 +111,9 @@ typedef struct LimitWindow
 /*
  * Most keys and numbers one check sends: a window's two keys, a refund's
  * mark and the request it forgets; a fixed window's booking names two
- * windows (4 keys, 10 numbers), then its wait and debt, and its request.
+ * windows (8 numbers), then its wait and debt.
  */
-#define LIMIT_MAX_KEYS 5
+#define LIMIT_MAX_KEYS 4
 #define LIMIT_MAX_ARGS 10
 
 /* One check's script, keys and numbers: one call of its own, or one part of a group. */
@@ -125,6 +125,7 @@ typedef struct LimitCall
 	int			nargs;			/* after the clock */
 	const char *args[LIMIT_MAX_ARGS];
 	bool		answers_limit;	/* a 5th number follows the four: the window's limit */
+	int			tag;			/* its tag in the group script, when not its algorithm's */
 } LimitCall;
 
 /*

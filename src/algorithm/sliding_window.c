@@ -39,8 +39,8 @@ sliding_window_part(const LimitParams *params, const char *key, int64 cost, int6
 	LimitWindow window;
 
 	window_at(params, at_ms, &window);
-	part->keys[0] = window_key(key, window.start_ms);
-	part->keys[1] = window_key(key, window.start_ms - params->window_ms);
+	part->keys[0] = window_key(key, 'w', window.start_ms);
+	part->keys[1] = window_key(key, 'w', window.start_ms - params->window_ms);
 	part->nkeys = 2;
 	part->nargs = 4;
 	part->args[0] = window_number(params->capacity);
@@ -70,8 +70,8 @@ sliding_window_reset_keys(const LimitParams *params, const char *key, int64 at_m
 	LimitWindow window;
 
 	window_at(params, at_ms, &window);
-	keys[0] = window_key(key, window.start_ms);
-	keys[1] = window_key(key, window.start_ms - params->window_ms);
+	keys[0] = window_key(key, 'w', window.start_ms);
+	keys[1] = window_key(key, 'w', window.start_ms - params->window_ms);
 	return 2;
 }
 

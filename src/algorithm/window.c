@@ -210,12 +210,13 @@ window_number(int64 value)
 }
 
 /*
- * The key of one window of a subject: its key, ":w" and the window's start in
- * base 36 (palloc'd). Each window counts in a key of its own, so a window
- * never inherits another's count, whatever the clocks say.
+ * The key of one window of a subject: its key, ":" and letter ('w'; a fixed
+ * window with rollover 'r', whose value holds what it carried) and the
+ * window's start in base 36 (palloc'd). Each window counts in a key of its
+ * own, so a window never inherits another's count, whatever the clocks say.
  */
 const char *
-window_key(const char *key, int64 start_ms)
+window_key(const char *key, char letter, int64 start_ms)
 {
 	static const char digits[] = "0123456789abcdefghijklmnopqrstuvwxyz";
 	char		text[16];
@@ -233,7 +234,7 @@ window_key(const char *key, int64 start_ms)
 
 		memcpy(out, key, strlen(key));
 		*p++ = ':';
-		*p++ = 'w';
+		*p++ = letter;
 		while (length > 0)
 			*p++ = text[--length];
 		*p = '\0';

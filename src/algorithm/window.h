@@ -13,7 +13,7 @@
 
 extern WindowCalendar window_calendar(int months, int days, int64 time_us);
 extern void window_at(const LimitParams *params, int64 at_ms, LimitWindow *window);
-extern const char *window_key(const char *key, int64 start_ms);
+extern const char *window_key(const char *key, char letter, int64 start_ms);
 extern const char *window_number(int64 value);
 
 #endif							/* RL_WINDOW_H */

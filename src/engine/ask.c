@@ -174,10 +174,14 @@ ask_reply_extras(const DecisionRequest *request, const RedisCall *call, Decision
 	long long	wait = call->nresults > 4 && !limit ? call->results[4] : 0;
 	long long	replay = call->nresults > 5 ? call->results[5] : 0;
 
-	/* A window with rollover: the limit it counts against, the capacity and what it carried. */
-	if (limit && params->rollover > 0)
+	/*
+	 * A window with rollover: the limit it counts against, the capacity and
+	 * what it carried, at most the capacity (a window begun under a larger
+	 * rollover keeps what it carried).
+	 */
+	if (limit)
 	{
-		if (call->results[4] < params->capacity || call->results[4] > params->capacity + params->rollover)
+		if (call->results[4] < params->capacity || call->results[4] > 2 * params->capacity)
 			return redis_fail(failure, REDIS_FAILURE_PROTOCOL, "unexpected reply");
 		decision->capacity = call->results[4];
 	}

@@ -99,7 +99,7 @@ group_redis(Group *group, RedisFailure *failure)
 		}
 		memcpy(&keys[call.nkeys], part.keys, part.nkeys * sizeof(char *));
 		call.nkeys += part.nkeys;
-		args[call.nargs++] = psprintf("%d", ops->tag);
+		args[call.nargs++] = psprintf("%d", part.tag != 0 ? part.tag : ops->tag);
 		memcpy(&args[call.nargs], part.args, part.nargs * sizeof(char *));
 		call.nargs += part.nargs;
 		n++;

@@ -66,7 +66,7 @@ request_cost(DecisionRequest *request, LimitMode mode, int64 cost)
 	const Policy *policy = &request->policy;
 	const char *amount_name = mode == LIMIT_REFUND ? "amount" : "cost";
 	/* A window with rollover may hold the capacity and what it carried over. */
-	int64		most = policy->bucket.capacity + policy->bucket.rollover;
+	int64		most = policy_most_cost(policy);
 
 	if (policy->algorithm == ALGORITHM_CONCURRENCY && mode != LIMIT_PEEK)
 		ereport(ERROR,

@@ -118,7 +118,7 @@ reservation_remember(const DecisionRequest *request, DecisionSource source)
 		(limit_refills(request->policy.algorithm) || last->request.at_ms == request->at_ms))
 	{
 		last->request.cost = Min(last->request.cost + request->cost,
-								 request->policy.bucket.capacity);
+								 policy_most_cost(&request->policy));
 		return;
 	}
 
@@ -210,7 +210,7 @@ reservation_settle(const DecisionRequest *request, int64 cost, int64 actual,
 {
 	DecisionRequest settle = *request;
 	Reservation *reservation;
-	int64		most = request->policy.bucket.capacity + policy_max_debt(&request->policy);
+	int64		most = policy_most_cost(&request->policy) + policy_max_debt(&request->policy);
 	StringInfoData key;
 
 	initStringInfo(&key);
@@ -223,7 +223,7 @@ reservation_settle(const DecisionRequest *request, int64 cost, int64 actual,
 	if (actual == cost)
 	{
 		settle.mode = LIMIT_PEEK;
-		settle.cost = Min(Max(cost, 1), settle.policy.bucket.capacity);
+		settle.cost = Min(Max(cost, 1), policy_most_cost(&settle.policy));
 	}
 	else if (actual < cost)
 	{

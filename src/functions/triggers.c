@@ -131,13 +131,13 @@ charge_check(FunctionCallInfo fcinfo, const TriggerArgs *args, const char *subje
 	/* An 'allow' or 'deny' subject, or a disabled policy, counts nothing: no bucket is asked. */
 	if (decision_needs_no_bucket(&request->policy))
 		cost = Min(cost, request->policy.bucket.capacity);
-	if (cost > request->policy.bucket.capacity)
+	if (cost > policy_most_cost(&request->policy))
 		ereport(ERROR,
 				(errhidestmt(true),
 				 errcode(ERRCODE_RL_RATE_LIMIT_EXCEEDED),
 				 errmsg("rate limit exceeded for policy \"%s\"", request->policy.name),
 				 errdetail("The write needs " INT64_FORMAT " tokens for one subject; the policy holds at most " INT64_FORMAT ".",
-						   cost, request->policy.bucket.capacity),
+						   cost, policy_most_cost(&request->policy)),
 				 errhint("Write fewer rows for one subject in one statement, or raise the policy's capacity.")));
 	request_cost(request, LIMIT_TAKE, cost);
 }

@@ -16,6 +16,7 @@
 #include "engine/decide.h"
 #include "engine/lease.h"
 #include "functions/args.h"
+#include "policy/placement.h"
 
 /* True when decision's remaining is what Redis holds (so usage can be read off it). */
 static bool
@@ -33,7 +34,8 @@ usage_known(const Decision *decision)
  * not answer (a fail mode's remaining says nothing of what was used).
  */
 static void
-usage_row(const Decision *decision, Datum subject, int64 now_ms, ArgsRow *row)
+usage_row(const DecisionRequest *request, const Decision *decision, Datum subject, int64 now_ms,
+		  ArgsRow *row)
 {
 	args_row_set(row, "subject", TEXTOID, subject);
 	args_row_set(row, "source", TEXTOID,
@@ -41,7 +43,9 @@ usage_row(const Decision *decision, Datum subject, int64 now_ms, ArgsRow *row)
 	if (!usage_known(decision))
 		return;
 	{
-		int64		limit = decision->capacity;
+		/* A split policy's peek reads this region's share of the window (engine/region.c). */
+		int64		limit = request->policy.region_mode == REGION_MODE_SPLIT ?
+			placement_share(&request->policy) : decision->capacity;
 		int64		used = Max(limit - decision->remaining, 0);
 		int64		reset_ms = now_ms + decision->reset_after_ms;
 		TimestampTz reset = (TimestampTz) (reset_ms -
@@ -50,7 +54,8 @@ usage_row(const Decision *decision, Datum subject, int64 now_ms, ArgsRow *row)
 
 		args_row_set(row, "used", INT8OID, Int64GetDatum(used));
 		args_row_set(row, "limit", INT8OID, Int64GetDatum(limit));
-		args_row_set(row, "fraction", FLOAT8OID, Float8GetDatum((double) used / (double) limit));
+		args_row_set(row, "fraction", FLOAT8OID,
+					 Float8GetDatum(limit > 0 ? (double) used / (double) limit : 1.0));
 		args_row_set(row, "reset", TIMESTAMPTZOID, TimestampTzGetDatum(reset));
 	}
 }
@@ -123,7 +128,7 @@ RL_SQL_FUNCTION(rl_usage)
 		ArgsRow		row;
 
 		args_row_start(&row, rsinfo->setDesc);
-		usage_row(&decisions[i], subjects[i], now_ms, &row);
+		usage_row(&requests[i], &decisions[i], subjects[i], now_ms, &row);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, row.values, row.nulls);
 	}
 	return (Datum) 0;

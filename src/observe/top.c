@@ -3,24 +3,21 @@
  *	  rl_top: the subjects of a policy most denied and most served lately, in
  *	  shared memory, per server.
  *
- * Each (database, policy) that decides gets a summary, up to ratelimit.top_policies
- * of them; when all are taken, a new policy takes the summary of one that has not
- * decided for two periods (its summary is empty), else it is not summarised. A summary keeps, for each kind (denials,
- * tokens taken), ratelimit.top_size counters: the space-saving algorithm (Metwally,
- * Agrawal and El Abbadi, 2005). A subject already counted adds its weight; a new one
- * takes a free counter, else the smallest, whose count it inherits as its error. So
- * the counts add up to the weight N seen, the smallest is at most N / size, each count
- * overstates its subject's weight by at most its error (<= N / size), and a subject
- * missing has a weight of at most N / size. Two halves count alternate periods of
- * ratelimit.top_period: rl_top adds the last whole period to the current one.
+ * Each (database, policy) that decides gets a summary (observe/summary.c: for each
+ * kind, denials and tokens taken, ratelimit.top_size counters, over two alternating
+ * periods of ratelimit.top_period), up to ratelimit.top_policies of them; when all
+ * are taken, a new policy takes the summary of one that has not decided for two
+ * periods (its summary is empty), else it is not summarised. Each summary has a lock
+ * of its own; a backend keeps where each policy's summary is, checked under it.
  *
- * Subjects are identities: a summary keeps the subject's first TOP_SUBJECT_BYTES
+ * Subjects are identities: a summary keeps the subject's first SUMMARY_SUBJECT_BYTES
  * bytes, which rl_top (functions/monitoring.c) shows only to roles that may read
  * rl_override (where subjects are kept anyway); others get its keyed hash
  * (rl_subject_hash), as the decision log does. Never in a metric or a log line.
  */
 #include "prelude.h"
 
+#include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
@@ -31,38 +28,16 @@
 
 #include "base/clock.h"
 #include "base/siphash.h"
+#include "observe/summary.h"
 #include "observe/top.h"
 #include "policy/subject.h"
 
-/* Bytes of a subject a summary keeps (a longer one keeps its keyed hash too). */
-#define TOP_SUBJECT_BYTES 128
-/* Hex digits of a keyed hash (policy/subject.c's subject_hash). */
-#define TOP_HASH_CHARS 32
-
-typedef enum TopKind
-{
-	TOP_DENIED,					/* 1 per denial */
-	TOP_TAKEN,					/* the cost of each grant that took tokens */
-	TOP_KINDS
-} TopKind;
-
-static const char *const top_kind_names[TOP_KINDS] = {"denied", "taken"};
+static const char *const top_kind_names[SUMMARY_KINDS] = {"denied", "taken"};
 
 static bool track_top = true;
 static int	top_size = 32;
 static int	top_policies = 64;
 static int	top_period_ms = 60 * 1000;
-
-/* One counter: a subject (by its 64-bit keyed id), its count and error. */
-typedef struct TopItem
-{
-	uint64		id;
-	int64		count;
-	int64		error;
-	int			length;			/* the subject's length (it may be longer than kept) */
-	char		subject[TOP_SUBJECT_BYTES];
-	char		hash[TOP_HASH_CHARS + 1];	/* a subject longer than kept: its keyed hash */
-} TopItem;
 
 typedef struct TopKey
 {
@@ -70,14 +45,13 @@ typedef struct TopKey
 	char		policy[NAMEDATALEN];
 } TopKey;
 
-/* One policy's summary: items[half][kind][top_size]. */
+/*
+ * One policy's block: whose it is (a block idle for two periods is given to
+ * another), then its summary.
+ */
 typedef struct TopBlock
 {
-	TopKey		key;			/* whose it is (a block idle for two periods is given to another) */
-	int64		period;			/* the number of the period the current half counts */
-	int64		total[2][TOP_KINDS];	/* the weight each half has counted */
-	int			used[2][TOP_KINDS];
-	TopItem		items[FLEXIBLE_ARRAY_MEMBER];
+	TopKey		key;
 } TopBlock;
 
 typedef struct TopEntry
@@ -97,12 +71,16 @@ static TopShared *top_shared = NULL;
 static HTAB *top_hash = NULL;
 static char *top_blocks = NULL;
 
-static void top_rotate(TopBlock *block, int64 now_ms);
-
 static Size
 block_size(void)
 {
-	return MAXALIGN(offsetof(TopBlock, items) + (Size) 2 * TOP_KINDS * top_size * sizeof(TopItem));
+	return MAXALIGN(sizeof(TopBlock)) + summary_size(top_size);
+}
+
+static Summary *
+summary_of(TopBlock *block)
+{
+	return (Summary *) ((char *) block + MAXALIGN(sizeof(TopBlock)));
 }
 
 static TopBlock *
@@ -111,15 +89,16 @@ block_at(int i)
 	return (TopBlock *) (top_blocks + (Size) i * block_size());
 }
 
-static TopItem *
-items_of(TopBlock *block, int half, TopKind kind)
+/* Moves block on to the period of now_ms. */
+static void
+top_rotate(TopBlock *block, int64 now_ms)
 {
-	return &block->items[((Size) half * TOP_KINDS + kind) * top_size];
+	summary_rotate(summary_of(block), now_ms / top_period_ms);
 }
 
 /*
- * Defines ratelimit.track_top and ratelimit.top_period, and when preloading
- * ratelimit.top_size and ratelimit.top_policies, which size the summaries.
+ * Defines ratelimit.track_top, and when preloading ratelimit.top_size and
+ * ratelimit.top_policies, which size the summaries, and ratelimit.top_period.
  */
 void
 top_init(bool preloaded)
@@ -127,15 +106,16 @@ top_init(bool preloaded)
 	DefineCustomBoolVariable("ratelimit.track_top",
 							 "Count each policy's most denied and most served subjects for rl_top (needs shared_preload_libraries).",
 							 NULL, &track_top, true, PGC_SUSET, 0, NULL, NULL, NULL);
+	if (!preloaded)
+		return;
+	/* Fixed at start: every backend numbers the periods alike. */
 	DefineCustomIntVariable("ratelimit.top_period",
 							"How long each half of an rl_top summary counts: rl_top shows the last one or two.",
 							NULL, &top_period_ms, 60 * 1000, 1000, 24 * 60 * 60 * 1000,
-							PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
-	if (!preloaded)
-		return;
+							PGC_POSTMASTER, GUC_UNIT_MS, NULL, NULL, NULL);
 	DefineCustomIntVariable("ratelimit.top_size",
 							"Counters per policy and kind in rl_top's summaries (0: none); a count's error is at most the weight seen / this.",
-							NULL, &top_size, 32, 0, 4096,
+							NULL, &top_size, 32, 0, 1024,
 							PGC_POSTMASTER, 0, NULL, NULL, NULL);
 	DefineCustomIntVariable("ratelimit.top_policies",
 							"Policies (of all databases together) that rl_top summarises; later ones are not.",
@@ -188,6 +168,16 @@ top_shmem_init(void)
 }
 
 /*
+ * True when a block last moved on in block_period has counted nothing in
+ * period or the one before (a clock more than a period apart counts too).
+ */
+static bool
+top_idle(int64 block_period, int64 period)
+{
+	return block_period < period - 1 || block_period > period + 1;
+}
+
+/*
  * A block for key: a new one while there are; else one whose policy has not
  * decided for two whole periods (its summary is empty), taken from it; -1
  * when none is. Called with the hash's lock held exclusively.
@@ -202,7 +192,7 @@ top_block_new(const TopKey *key, int64 now_ms)
 		TopBlock   *block = block_at(top_shared->nblocks);
 
 		block->key = *key;
-		block->period = period;
+		summary_of(block)->period = period;
 		return top_shared->nblocks++;
 	}
 	for (int i = 0; i < top_shared->nblocks; i++)
@@ -211,13 +201,16 @@ top_block_new(const TopKey *key, int64 now_ms)
 		LWLock	   *lock = &top_shared->locks[1 + i].lock;
 		bool		idle;
 
+		/* Read without its lock first, a hint: only a candidate's lock is taken. */
+		if (!top_idle(summary_of(block)->period, period))
+			continue;
 		LWLockAcquire(lock, LW_EXCLUSIVE);
-		idle = block->period < period - 1 || block->period > period;
+		idle = top_idle(summary_of(block)->period, period);
 		if (idle)
 		{
 			hash_search(top_hash, &block->key, HASH_REMOVE, NULL);
 			block->key = *key;
-			block->period = period - 2;
+			summary_of(block)->period = period - 2;
 			top_rotate(block, now_ms);
 		}
 		LWLockRelease(lock);
@@ -316,63 +309,7 @@ top_owns(const TopBlock *block, const char *policy)
 	return block->key.database == MyDatabaseId && strcmp(block->key.policy, policy) == 0;
 }
 
-/* Starts the period of now_ms in block: a half older than the last period is cleared. */
-static void
-top_rotate(TopBlock *block, int64 now_ms)
-{
-	int64		period = now_ms / top_period_ms;
 
-	if (period == block->period)
-		return;
-	for (int half = 0; half < 2; half++)
-	{
-		/* The half of the period just over stays; any other is cleared. */
-		if (period == block->period + 1 && half == (int) (block->period % 2))
-			continue;
-		for (int kind = 0; kind < TOP_KINDS; kind++)
-		{
-			block->total[half][kind] = 0;
-			block->used[half][kind] = 0;
-		}
-	}
-	block->period = period;
-}
-
-/* Adds weight to the subject (id) in one kind's counters of a half (space-saving). */
-static void
-top_add(TopBlock *block, int half, TopKind kind, const TopItem *subject, int64 weight)
-{
-	TopItem    *items = items_of(block, half, kind);
-	int			used = block->used[half][kind];
-	int			smallest = 0;
-
-	block->total[half][kind] += weight;
-	for (int i = 0; i < used; i++)
-	{
-		if (items[i].id == subject->id)
-		{
-			items[i].count += weight;
-			return;
-		}
-		if (items[i].count < items[smallest].count)
-			smallest = i;
-	}
-	if (used < top_size)
-	{
-		items[used] = *subject;
-		items[used].count = weight;
-		items[used].error = 0;
-		block->used[half][kind]++;
-		return;
-	}
-	{
-		int64		inherited = items[smallest].count;
-
-		items[smallest] = *subject;
-		items[smallest].count = inherited + weight;
-		items[smallest].error = inherited;
-	}
-}
 
 /*
  * Counts one decision of subject in its policy's summary: a denial (by the
@@ -384,7 +321,8 @@ top_decision(const Decision *decision, int64 cost, const char *subject, int leng
 	DecisionSource source = decision->source == DECISION_SOURCE_SHADOW ?
 		decision->origin : decision->source;
 	bool		denied = !decision->allowed || decision->source == DECISION_SOURCE_SHADOW;
-	TopItem		item;
+	SummarySubject item;
+	uint64		id;
 	SipHash		hash;
 	int			index;
 	TopBlock   *block;
@@ -399,11 +337,13 @@ top_decision(const Decision *decision, int64 cost, const char *subject, int leng
 		return;
 	siphash_init(&hash, top_shared->secret);
 	siphash_update(&hash, subject, length);
-	item.id = siphash_final(&hash);
+	id = siphash_final(&hash);
 	item.length = length;
-	memcpy(item.subject, subject, Min(length, TOP_SUBJECT_BYTES));
+	/* Cut at a character's end: what rl_top shows is valid text. */
+	item.kept = length <= SUMMARY_SUBJECT_BYTES ? length : pg_mbcliplen(subject, length, SUMMARY_SUBJECT_BYTES);
+	memcpy(item.text, subject, item.kept);
 	item.hash[0] = '\0';
-	if (length > TOP_SUBJECT_BYTES)
+	if (length > SUMMARY_SUBJECT_BYTES)
 	{
 		/* Hashed here, outside the lock (subject_hash may raise): long subjects are rare. */
 		StringInfoData text;
@@ -424,8 +364,8 @@ top_decision(const Decision *decision, int64 cost, const char *subject, int leng
 		if (top_owns(block, decision->policy))
 		{
 			top_rotate(block, now_ms);
-			top_add(block, (int) (block->period % 2), denied ? TOP_DENIED : TOP_TAKEN, &item,
-					denied ? 1 : cost);
+			summary_add(summary_of(block), top_size, denied ? SUMMARY_DENIED : SUMMARY_TAKEN, id,
+						&item, denied ? 1 : cost);
 			LWLockRelease(&top_shared->locks[1 + index].lock);
 			return;
 		}
@@ -434,73 +374,6 @@ top_decision(const Decision *decision, int64 cost, const char *subject, int leng
 	}
 }
 
-/* A subject's merged count and error over both halves. */
-typedef struct Ranked
-{
-	const TopItem *item;
-	int64		count;
-	int64		error;
-} Ranked;
-
-static int
-row_order(const void *a, const void *b)
-{
-	const Ranked *x = a;
-	const Ranked *y = b;
-
-	if (x->count != y->count)
-		return x->count > y->count ? -1 : 1;
-	return x->error < y->error ? -1 : x->error > y->error ? 1 : 0;
-}
-
-/*
- * The rows of one kind over both halves of copy: each subject counted in
- * either; where a full half lacks it, that half's smallest count is its most
- * there (added to count and error); a half not full counted all it saw.
- */
-static int
-top_rank(TopBlock *copy, TopKind kind, Ranked *rows)
-{
-	int64		floor[2];
-	int			nrows = 0;
-
-	for (int half = 0; half < 2; half++)
-	{
-		TopItem    *items = items_of(copy, half, kind);
-		int			used = copy->used[half][kind];
-
-		floor[half] = 0;
-		if (used == top_size)
-		{
-			floor[half] = items[0].count;
-			for (int i = 1; i < used; i++)
-				floor[half] = Min(floor[half], items[i].count);
-		}
-	}
-	for (int half = 0; half < 2; half++)
-	{
-		TopItem    *items = items_of(copy, half, kind);
-
-		for (int i = 0; i < copy->used[half][kind]; i++)
-		{
-			TopItem    *other = items_of(copy, 1 - half, kind);
-			int			found = -1;
-
-			for (int j = 0; j < copy->used[1 - half][kind]; j++)
-				if (other[j].id == items[i].id)
-					found = j;
-			/* A subject in both halves is made a row once, from the first. */
-			if (found >= 0 && half == 1)
-				continue;
-			rows[nrows].item = &items[i];
-			rows[nrows].count = items[i].count + (found >= 0 ? other[found].count : floor[1 - half]);
-			rows[nrows].error = items[i].error + (found >= 0 ? other[found].error : floor[1 - half]);
-			nrows++;
-		}
-	}
-	qsort(rows, nrows, sizeof(Ranked), row_order);
-	return Min(nrows, top_size);
-}
 
 /*
  * The rows of rl_top for policy in this database (TopRow), for each kind
@@ -516,7 +389,7 @@ top_read(const char *policy)
 	int			index;
 	bool		owned;
 	TopBlock   *copy;
-	Ranked	   *ranked;
+	SummaryRow *ranked;
 	List	   *out = NIL;
 
 	if (top_shared == NULL)
@@ -533,25 +406,24 @@ top_read(const char *policy)
 	if (index < 0)
 		return NIL;
 	copy = palloc(block_size());
-	LWLockAcquire(&top_shared->locks[1 + index].lock, LW_EXCLUSIVE);
+	/* A copy, moved on to now: reading changes nothing (an idle policy stays idle). */
+	LWLockAcquire(&top_shared->locks[1 + index].lock, LW_SHARED);
 	owned = top_owns(block_at(index), policy);
 	if (owned)
-	{
-		top_rotate(block_at(index), clock_now_ms());
 		memcpy(copy, block_at(index), block_size());
-	}
 	LWLockRelease(&top_shared->locks[1 + index].lock);
 	if (!owned)
 		return NIL;
+	top_rotate(copy, clock_now_ms());
 
-	ranked = palloc(2 * top_size * sizeof(Ranked));
-	for (int kind = 0; kind < TOP_KINDS; kind++)
+	ranked = palloc(2 * top_size * sizeof(SummaryRow));
+	for (int kind = 0; kind < SUMMARY_KINDS; kind++)
 	{
-		int			nrows = top_rank(copy, kind, ranked);
+		int			nrows = summary_rank(summary_of(copy), top_size, kind, ranked);
 
 		for (int i = 0; i < nrows; i++)
 		{
-			const TopItem *item = ranked[i].item;
+			const SummarySubject *item = ranked[i].subject;
 			TopRow	   *row = palloc(sizeof(TopRow));
 			StringInfoData hash;
 
@@ -559,15 +431,15 @@ top_read(const char *policy)
 			if (item->hash[0] != '\0')
 				appendStringInfoString(&hash, item->hash);
 			else
-				subject_hash(&hash, item->subject, item->length);
+				subject_hash(&hash, item->text, item->length);
 			row->kind = top_kind_names[kind];
 			row->rank = i + 1;
-			row->length = Min(item->length, TOP_SUBJECT_BYTES);
-			row->subject = pnstrdup(item->subject, row->length);
+			row->length = item->kept;
+			row->subject = pnstrdup(item->text, row->length);
 			row->hash = hash.data;
 			row->count = ranked[i].count;
 			row->error = ranked[i].error;
-			row->total = copy->total[0][kind] + copy->total[1][kind];
+			row->total = summary_of(copy)->total[0][kind] + summary_of(copy)->total[1][kind];
 			out = lappend(out, row);
 		}
 	}

@@ -130,9 +130,14 @@ policy_limits(Policy *policy, int64 capacity, int64 refill_amount, int64 period_
 	}
 	policy->usable = limit_params_init(&policy->bucket, policy->algorithm, capacity,
 									   refill_amount, period, idle_ttl_ms, zone);
-	/* At most the capacity, so an override's smaller capacity carries at most itself. */
+	/*
+	 * At most the capacity, so an override's smaller capacity carries at most
+	 * itself; and capacity and rollover exact in the scripts (an override's
+	 * capacity is bounded alone).
+	 */
 	if (policy->algorithm == ALGORITHM_FIXED_WINDOW)
-		policy->bucket.rollover = Min(policy->rollover, capacity);
+		policy->bucket.rollover = Min(Min(policy->rollover, capacity),
+									  Max(BUCKET_EXACT_LIMIT - 1 - capacity, 0));
 	policy_local_bucket(policy, capacity, refill_amount, period_ms);
 }
 

@@ -84,6 +84,16 @@ typedef struct Policy
 extern int64 policy_interval_ms(Interval *interval);
 
 /*
+ * The most one take of policy (a request's copy) may cost: its capacity, and
+ * for a fixed window with rollover what a window may carry over.
+ */
+static inline int64
+policy_most_cost(const Policy *policy)
+{
+	return policy->bucket.capacity + policy->bucket.rollover;
+}
+
+/*
  * The tokens a subject of policy (a request's copy) may owe past empty:
  * max_debt, or its capacity; never so many that capacity and debt together
  * leave what the scripts hold exactly (the column's constraint says so for a

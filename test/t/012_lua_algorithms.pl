@@ -160,14 +160,6 @@ sub fixed_args
 	return (($prefix // 'f') . ":{s}:w$start", '', $cap, $cost, $left, $ttl // $left + 1000);
 }
 
-# A check as common.lua reads it (peek, refund, take.lua, the group script's part): this
-# window's key and the previous one's, then the clock and take_one's 4 numbers, rollover.
-sub fixed_full
-{
-	my ($key, @args) = @_;
-	return (2, $key, "$key:previous", @args, 0);
-}
-
 subtest 'fixed_window: hand-worked values, encoding, TTL, peek, refund' => sub {
 	my @k = fixed_args($T0 + 250, 2, 3, 1000);
 	is(reply(run('fixed_window/take_one', 1, @k)), '{1, 1, 0, 750}', 'take 2 of 3: 750 ms left in the window');
@@ -177,10 +169,9 @@ subtest 'fixed_window: hand-worked values, encoding, TTL, peek, refund' => sub {
 	@k = fixed_args($T0 + 500, 2, 3, 1000);
 	is(reply(run('fixed_window/take_one', 1, @k)), '{0, 1, 500, 500}', 'take 2 more: denied until the window ends');
 	is($db->command('GET', $k[0]), '2', 'a denial leaves the count');
-	is(reply(run('fixed_window/peek', fixed_full(@k[0 .. 2], 1, @k[4, 5]))), '{1, 1, 0, 500, 3}',
-		'a peek of 1 would be granted (its limit: the capacity)');
+	is(reply(run('fixed_window/peek', 1, @k[0 .. 2], 1, @k[4, 5])), '{1, 1, 0, 500}', 'a peek of 1 would be granted');
 	is($db->command('GET', $k[0]), '2', 'and writes nothing');
-	is(reply(run('fixed_window/refund', fixed_full(@k[0 .. 2], 5, @k[4, 5]))), '{1, 3, 0, 0}', 'a refund never goes below 0');
+	is(reply(run('fixed_window/refund', 1, @k[0 .. 2], 5, @k[4, 5])), '{1, 3, 0, 0}', 'a refund never goes below 0');
 	is($db->command('EXISTS', $k[0]), '0', 'a count of 0 is no state at all');
 	my @n = fixed_args($T0 + 1000, 3, 3, 1000);
 	isnt($n[0], $k[0], 'the next window counts in a key of its own');
@@ -227,7 +218,7 @@ subtest 'fixed_window: a long sequence equals the model, through take_one and th
 		# so that no key expires while the sequence runs, however slowly.
 		my @k = fixed_args($now, $cost, 5, 1000, 'f:seq', 3_600_000);
 		my $one = reply(run('fixed_window/take_one', 1, @k));
-		my $group = reply(run('group', 2, "g$k[0]", "g$k[0]:previous", $k[1], 3, @k[2 .. 5], 0));
+		my $group = reply(run('group', 1, "g$k[0]", $k[1], 3, @k[2 .. 5]));
 		$same++ if $one eq $want && $group eq $one;
 		diag("step $i: take_one $one group $group model $want") if $one ne $want || $group ne $one;
 	}
@@ -562,7 +553,7 @@ subtest 'peeks are marked no-writes: EVALSHA_RO runs them (replicas may too)' =>
 	};
 	is($ro->('gcra/peek', 1, 'ro:g', gcra_args($T0, 2, 5, 1, 1000)), '{1, 5, 0, 0}', 'gcra');
 	my @f = fixed_args($T0, 2, 3, 1000, 'ro:f');
-	is($ro->('fixed_window/peek', fixed_full(@f)), '{1, 3, 0, 0, 3}', 'fixed_window');
+	is($ro->('fixed_window/peek', 1, @f), '{1, 3, 0, 0}', 'fixed_window');
 	is($ro->('sliding_window/peek', sliding_args($T0, 1, 4, 1000, 'ro:s')), '{1, 4, 0, 0}', 'sliding_window');
 	is($ro->('sliding_log/peek', 1, 'ro:l', $T0, 3, 1, 1000), '{1, 3, 0, 0}', 'sliding_log');
 	like($ro->('gcra/take_one', 1, 'ro:g', gcra_args($T0, 2, 5, 1, 1000)), qr/not allowed|read.only|readonly/i,
@@ -572,11 +563,11 @@ subtest 'peeks are marked no-writes: EVALSHA_RO runs them (replicas may too)' =>
 subtest 'the group script: mixed algorithms, all or none' => sub {
 	my @f = fixed_args($T0, 2, 2, 60000);
 	my @s = sliding_args($T0, 1, 5, 60000, 'mix:s');
-	my @args = ($T0, 2, (gcra_args($T0, 1, 5, 1, 1000))[1 .. 5], 3, @f[2 .. 5], 0, 4, @s[4 .. 7], 5, 3, 1, 60000);
-	my $keys = [ 'mix:g', $f[0], "$f[0]:previous", @s[1, 2], 'mix:l' ];
-	is(reply(run('group', 6, @$keys, @args)), '{1, 4, 0, 1000, 1, 0, 0, 60000, 1, 4, 0, 120000, 1, 2, 0, 60000}',
+	my @args = ($T0, 2, (gcra_args($T0, 1, 5, 1, 1000))[1 .. 5], 3, @f[2 .. 5], 4, @s[4 .. 7], 5, 3, 1, 60000);
+	my $keys = [ 'mix:g', $f[0], @s[1, 2], 'mix:l' ];
+	is(reply(run('group', 5, @$keys, @args)), '{1, 4, 0, 1000, 1, 0, 0, 60000, 1, 4, 0, 120000, 1, 2, 0, 60000}',
 		'four algorithms granted together');
-	is(reply(run('group', 6, @$keys, @args)),
+	is(reply(run('group', 5, @$keys, @args)),
 		'{0, 4, 0, 1000, 0, 0, 60000, 60000, 0, 4, 0, 120000, 0, 2, 0, 60000}',
 		'the fixed window is spent: nothing is charged, its wait is said');
 	is($db->command('ZCARD', 'mix:l'), '1', 'the log kept one member');

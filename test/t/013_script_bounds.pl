@@ -174,28 +174,43 @@ subtest 'token bucket, gcra, fixed and sliding window at their bounds' => sub {
 	bounded('fixed_window take_one: cost = capacity = 2^53 - 2',
 		setup => sub { $db->command('DEL', 'f') }, script => 'fixed_window/take_one',
 		keys => ['f'], args => [ '', @f ], want => qr/^\{1, 0, 0, 1000\}$/);
-	bounded('fixed_window peek', script => 'fixed_window/peek', keys => [ 'f', 'f0' ],
-		args => [ '', @f, 0 ], want => qr/^\{0, 0, 1000, 1000, $cap\}$/);
+	bounded('fixed_window peek', script => 'fixed_window/peek', keys => ['f'],
+		args => [ '', @f ], want => qr/^\{0, 0, 1000, 1000\}$/);
 	bounded('fixed_window refund', setup => sub { $db->command('SET', 'f', $cap) },
-		script => 'fixed_window/refund', keys => [ 'f', 'f0' ], args => [ '', @f, 0 ],
+		script => 'fixed_window/refund', keys => ['f'], args => [ '', @f ],
 		want => qr/^\{1, $cap, 0, 0\}$/);
 	bounded('fixed_window slice', setup => sub { $db->command('DEL', 'f') },
-		script => 'fixed_window/slice', keys => [ 'f', 'f0' ], args => [ '', @f, 0, $cap ],
+		script => 'fixed_window/slice', keys => ['f'], args => [ '', @f, $cap ],
 		want => qr/^\{$cap, 0, 0, 1000\}$/);
+
 	# Rollover (0.12.0): capacity + rollover below 2^53, all of it carried (the previous
-	# window never written) and taken at once, then again made once.
+	# window never written) and taken at once, then made once; a previous window that owes
+	# carries nothing; peek, refund, slice and owe of a window with rollover.
 	my $carry = 4_503_599_627_370_494;    # 2^52 - 2: capacity 2^52 + this = 2^53 - 2
-	my @r = (4_503_599_627_370_496, $cap, 1000, 2000, $carry);
+	my $half52 = 4_503_599_627_370_496;
+	my @r = ($half52, $cap, 1000, 2000, $carry);
 	bounded('fixed_window take with rollover: the limit 2^53 - 2, all taken',
 		setup => sub { $db->command('DEL', 'f', 'f0') }, script => 'fixed_window/take',
 		keys => [ 'f', 'f0' ], args => [ '', @r ], want => qr/^\{1, 0, 0, 1000, $cap\}$/);
+	bounded('fixed_window peek with rollover', script => 'fixed_window/peek', keys => [ 'f', 'f0' ],
+		args => [ '', @r ], want => qr/^\{0, 0, 1000, 1000, $cap\}$/);
+	bounded('fixed_window refund with rollover', script => 'fixed_window/refund', keys => [ 'f', 'f0' ],
+		args => [ '', @r ], want => qr/^\{1, $cap, 0, 0\}$/);
+	bounded('fixed_window slice with rollover', setup => sub { $db->command('DEL', 'f', 'f0') },
+		script => 'fixed_window/slice', keys => [ 'f', 'f0' ], args => [ '', @r, $cap ],
+		want => qr/^\{$cap, 0, 0, 1000\}$/);
+	bounded('fixed_window owe with rollover', setup => sub { $db->command('DEL', 'f', 'f0') },
+		script => 'fixed_window/owe', keys => [ 'f', 'f0' ], args => [ '', $half52, 1, 1000, 2000, $carry, 1000 ],
+		want => qr/^\{1, \d+, 0, 1000\}$/);
 	bounded('fixed_window take with rollover made once',
 		setup => sub { $db->command('DEL', 'f', 'f0', 'f:r') }, script => 'fixed_window/take+once',
 		keys => [ 'f', 'f0', 'f:r' ], args => [ '', @r, 604_800_000 ], want => qr/^\{1, 0, 0, 1000, $cap, 0\}$/);
 	bounded('fixed_window take with rollover: a previous window that owes carries nothing',
 		setup => sub { $db->command('DEL', 'f'); $db->command('SET', 'f0', "$cap:$carry") },
-		script => 'fixed_window/take', keys => [ 'f', 'f0' ], args => [ '', 4_503_599_627_370_496, 1, 1000, 2000, $carry ],
+		script => 'fixed_window/take', keys => [ 'f', 'f0' ], args => [ '', $half52, 1, 1000, 2000, $carry ],
 		want => qr/^\{1, 4503599627370495, 0, 1000, 4503599627370496\}$/);
+	bounded('group: a window with rollover (tag 6)', setup => sub { $db->command('DEL', 'f', 'f0') },
+		script => 'group', keys => [ 'f', 'f0' ], args => [ '', 6, @r ], want => qr/^\{1, 0, 0, 1000\}$/);
 
 	# capacity * window below 2^51: 2^31 - 1 per 2^20 ms.
 	my ($scap, $w) = (2**31 - 1, 2**20);
@@ -241,10 +256,10 @@ subtest 'token bucket, gcra, fixed and sliding window at their bounds' => sub {
 	bounded('gcra owe', setup => sub { $db->command('DEL', 'g') }, script => 'gcra/owe', keys => ['g'],
 		args => [ $T0, $tol, 512, 1, 2**51, 0, $tol ], want => qr/^\{\d+, \d+, \d+, \d+\}$/);
 	bounded('fixed_window book: the next window', setup => sub { $db->command('SET', 'f', $cap); $db->command('DEL', 'f2') },
-		script => 'fixed_window/book', keys => [ 'f', 'f0', 'f2', 'f' ],
-		args => [ '', @f, 0, $cap, $cap, 3000, 4000, 0, 2000, 0 ], want => qr/^\{1, 0, 0, 1000, 1000\}$/);
+		script => 'fixed_window/book', keys => [ 'f', 'f2' ],
+		args => [ '', @f, $cap, $cap, 3000, 4000, 2000, 0 ], want => qr/^\{1, 0, 0, 1000, 1000\}$/);
 	bounded('fixed_window owe', setup => sub { $db->command('SET', 'f', 1) }, script => 'fixed_window/owe',
-		keys => [ 'f', 'f0' ], args => [ '', 1000, 1000, 1000, 2000, 0, 1000 ], want => qr/^\{1000, 0, 1000, 1000\}$/);
+		keys => ['f'], args => [ '', 1000, 1000, 1000, 2000, 1000 ], want => qr/^\{1000, 0, 1000, 1000\}$/);
 
 	# Regions (0.11.0): a split window's share, a lease of the home region's rest, its deposit.
 	bounded('region share: cost = share = 2^53 - 2', setup => sub { $db->command('DEL', 'f', 'f:lease') },

@@ -397,7 +397,7 @@ my $storm_batch = 'SELECT count(*) FROM rl_consume_many(\'nn.att\', ' . subjects
 	row('a flood of 100,000 one-shot subjects (rl_top)',
 		q{SELECT count(*) FROM rl_consume_many('nn.att', array_fill('tf_one'::text, ARRAY[100000]));},
 		'SELECT count(*) FROM rl_consume_many(\'nn.att\', ' . subjects_sql('tf', 100000) . ');');
-	my $tokens = $node->safe_psql('postgres', q{SELECT tokens FROM rl_stats WHERE policy = 'nn.victim'});
+	my $tokens = $node->safe_psql('postgres', q{SELECT tokens_granted FROM rl_stats WHERE policy = 'nn.victim'});
 	is($node->safe_psql('postgres', q{SELECT subject || ' ' || count || ' ' || error FROM rl_top('nn.victim') WHERE kind = 'taken' AND rank = 1}),
 		"v_other $tokens 0", "rl_top: the victim's subject first, all its $tokens tokens, error 0");
 	$node->safe_psql('postgres', 'SELECT count(*) FROM rl_consume_many(\'nn.victim\', ' . subjects_sql('vf', 100000) . ')');

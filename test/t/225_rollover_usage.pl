@@ -125,7 +125,7 @@ run_pgbench($node, 'race', "$dir/race.sql", $clients, 5);
 is(sql("SELECT count(*) FILTER (WHERE allowed) || '/' || count(*) FROM grants"), '150/320',
 	'64 sessions, 320 takes: exactly 150 granted (100 + the 50 carried)');
 is(usage('2027-05-02 12:00 UTC', 'race', 'r'), '150|150|1.000|43200000', 'rl_usage: all 150 used');
-my @keys = grep { /:w/ } split /\n/, $redis->cli('--scan', '--pattern', '*');
+my @keys = grep { /:r/ } split /\n/, $redis->cli('--scan', '--pattern', '*');
 my @values = map { $redis->cli('GET', $_) } @keys;
 ok((grep { $_ eq '150:50' } @values), 'the window holds its count and what it carried: 150:50');
 is(sql(q{SELECT set_config('ratelimit.test_clock_ms', '1809259200000', false);

@@ -136,6 +136,14 @@ is(at($t + 19000, "SELECT count FROM rl_top('rot') WHERE kind = 'taken'"), '10',
 is(at($t + 25000, "SELECT count FROM rl_top('rot') WHERE kind = 'taken'"), '3', 'two periods on: the first is forgotten');
 is(at($t + 45000, "SELECT count(*) FROM rl_top('rot')"), '0', 'and after two idle periods, nothing');
 
+# The merge of two periods: a period whose counters were all taken and that lacks a subject
+# adds its smallest count to the subject's count and error, so the bound holds.
+at($t + 31000, "SELECT count(*) FROM rl_consume_many('rot', ARRAY(SELECT 'p' || g FROM generate_series(1, 100) g))");
+at($t + 41000, "SELECT count(*) FROM rl_consume_many('rot', array_fill('known'::text, ARRAY[5]))");
+my ($kc, $ke) = split /\|/, at($t + 41000, "SELECT count, error FROM rl_top('rot') WHERE kind = 'taken' AND subject = 'known'");
+is($kc - $ke, 5, 'merged over a full period that lacks it: count - error is its true weight (5)');
+cmp_ok($ke, '>', 0, "and the full period's smallest count is in its error ($ke)");
+
 #
 # 6. Switched off, and never in a metric or a log line.
 #
@@ -144,5 +152,34 @@ takes('off', 'y', 1, 1);
 is(sql("SELECT string_agg(subject || count, ' ') FROM rl_top('off')"), 'y1', 'ratelimit.track_top = off counted nothing (x), on again counts (y)');
 unlike(sql("SELECT string_agg(s::text, ' ') FROM rl_stats s"), qr/\bh1\b|cold1\b/, 'rl_stats names no subject');
 unlike(slurp_file($node->logfile), qr/\bh1\b|\bcold\d+\b|\bd1\b/, 'the server log names no subject');
+
+#
+# 7. Summaries given to new policies: two summaries for three policies. A policy idle for
+#    two periods gives its summary up; a backend that had found it finds its policy's again.
+#
+my $small = rl_node('top_small', redis => $redis,
+	conf => [ 'ratelimit.top_policies = 2', "ratelimit.top_period = '10s'" ]);
+$small->safe_psql('postgres', q{
+	SELECT rl_define('pa', 1000, per => '1 second');
+	SELECT rl_define('pb', 1000, per => '1 second');
+	SELECT rl_define('pc', 1000, per => '1 second');
+});
+sub small_at { my ($ms, $q) = @_; return $small->safe_psql('postgres', "SET ratelimit.test_clock_ms = '$ms'; $q") }
+my $kept = RateLimitTest::session($small);
+$kept->query_ok("SET ratelimit.test_clock_ms = '$t'");
+$kept->query_ok("SELECT count(*) FROM rl_consume_many('pa', array_fill('a1'::text, ARRAY[2]))");
+small_at($t, "SELECT count(*) FROM rl_consume_many('pb', array_fill('b1'::text, ARRAY[3]))");
+small_at($t, "SELECT count(*) FROM rl_consume_many('pc', array_fill('c1'::text, ARRAY[4]))");
+is(small_at($t, "SELECT string_agg(p || '=' || coalesce((SELECT string_agg(subject || count, ',') FROM rl_top(p)), '-'), ' ') FROM unnest(ARRAY['pa', 'pb', 'pc']) p"),
+	'pa=a12 pb=b13 pc=-', 'two summaries: the third policy has none');
+my $later = $t + 35000;    # three periods on: pa and pb idle for two
+small_at($later, "SELECT count(*) FROM rl_consume_many('pc', array_fill('c1'::text, ARRAY[4]))");
+$kept->query_ok("SET ratelimit.test_clock_ms = '$later'");
+$kept->query_ok("SELECT count(*) FROM rl_consume_many('pa', array_fill('a1'::text, ARRAY[6]))");
+is(small_at($later, "SELECT string_agg(p || '=' || coalesce((SELECT string_agg(subject || count, ',') FROM rl_top(p)), '-'), ' ') FROM unnest(ARRAY['pa', 'pb', 'pc']) p"),
+	'pa=a16 pb=- pc=c14',
+	'later: pc took an idle summary; the backend whose pa summary was given away counted in pa\'s new one, not in pc\'s');
+$kept->quit;
+$small->stop;
 
 done_testing();
