@@ -57,6 +57,21 @@ BEGIN
 END
 $$;
 
+-- What gives a version its meaning, compared when a restore brings a row back with its
+-- version: the region columns (0.11.0) and rollover too.
+CREATE OR REPLACE FUNCTION @extschema@._rl_limits(item jsonb) RETURNS jsonb
+IMMUTABLE STRICT PARALLEL SAFE LANGUAGE sql
+RETURN pg_catalog.jsonb_build_object(
+    'algorithm', item OPERATOR(pg_catalog.->) 'algorithm', 'action', item OPERATOR(pg_catalog.->) 'action',
+    'capacity', item OPERATOR(pg_catalog.->) 'capacity',
+    'refill_amount', item OPERATOR(pg_catalog.->) 'refill_amount',
+    'refill_period', item OPERATOR(pg_catalog.->) 'refill_period',
+    'time_zone', COALESCE(item OPERATOR(pg_catalog.->) 'time_zone', '"UTC"'::jsonb),
+    'region_mode', item OPERATOR(pg_catalog.->) 'region_mode',
+    'home_region', item OPERATOR(pg_catalog.->) 'home_region',
+    'region_base', item OPERATOR(pg_catalog.->) 'region_base',
+    'rollover', item OPERATOR(pg_catalog.->) 'rollover');
+
 -- rl_define takes rollover: made again (an added argument with a default would make every
 -- call of the old one ambiguous). What a role was granted on the old one is granted on the
 -- new one, and a REVOKE from PUBLIC kept.

@@ -354,7 +354,11 @@ RETURN pg_catalog.jsonb_build_object(
     'capacity', item OPERATOR(pg_catalog.->) 'capacity',
     'refill_amount', item OPERATOR(pg_catalog.->) 'refill_amount',
     'refill_period', item OPERATOR(pg_catalog.->) 'refill_period',
-    'time_zone', COALESCE(item OPERATOR(pg_catalog.->) 'time_zone', '"UTC"'::jsonb));
+    'time_zone', COALESCE(item OPERATOR(pg_catalog.->) 'time_zone', '"UTC"'::jsonb),
+    'region_mode', item OPERATOR(pg_catalog.->) 'region_mode',
+    'home_region', item OPERATOR(pg_catalog.->) 'home_region',
+    'region_base', item OPERATOR(pg_catalog.->) 'region_base',
+    'rollover', item OPERATOR(pg_catalog.->) 'rollover');
 REVOKE ALL ON FUNCTION @extschema@._rl_limits(jsonb) FROM PUBLIC;
 
 -- With mark, notes (in the backend, for the transaction) that the row with key was
