@@ -16,6 +16,7 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use Time::HiRes qw(time);
 
 use RateLimitTest;
 
@@ -185,6 +186,20 @@ like($err, qr/42704/, 'an unknown policy with 42704');
 sql("CREATE ROLE plain LOGIN");
 ($rc, $out, $err) = $node->psql('postgres', "SET ROLE plain; SELECT * FROM rl_usage('u_tb', 'u')");
 like($err, qr/permission denied/, 'a role without the grant cannot read usage');
+
+# Many subjects in one round trip: 200 subjects through a proxy 100 ms away (a round trip)
+# are read in well under 2 s (one after another they would take 20 s).
+my $proxy = delay_proxy_start(target_port => $redis->port, delay_ms => 50);
+my $far = RateLimitTest::session($node,
+	options => '-c ratelimit.command_timeout=10s -c ratelimit.redis_url=' . $proxy->url);
+$far->query_ok("SELECT count(*) FROM rl_usage('u_tb', 'warm')");    # connected
+my ($seconds, $rows) = timed(sub {
+	$far->query_ok("SELECT count(*) FILTER (WHERE source = 'redis') FROM rl_usage('u_tb', ARRAY(SELECT 'far' || g FROM generate_series(1, 200) g))");
+});
+is($rows, 200, 'rl_usage of 200 subjects 100 ms away: all read from Redis');
+cmp_ok($seconds, '<', 2, sprintf('in one round trip, not 200 (%.2f s)', $seconds));
+$far->quit;
+$proxy->stop;
 
 #
 # 7. Redis silent: no numbers, and who answered.
