@@ -862,7 +862,7 @@ COMMENT ON FUNCTION @extschema@.rl_peek(text, text, bigint) IS
 CREATE FUNCTION @extschema@.rl_usage(policy text, subject text)
 RETURNS TABLE (used bigint, "limit" bigint, fraction double precision, reset timestamptz,
                source text)
-AS 'MODULE_PATHNAME', 'rl_usage' LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1;
+AS 'MODULE_PATHNAME', 'rl_usage_one' LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1;
 REVOKE ALL ON FUNCTION @extschema@.rl_usage(text, text) FROM PUBLIC;
 COMMENT ON FUNCTION @extschema@.rl_usage(text, text) IS
     'how much of its limit a subject has used: used, limit, fraction, reset; nothing taken';

@@ -59,6 +59,13 @@ clock_epoch_ms(TimestampTz timestamp)
 	return timestamp / 1000 + (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * 1000;
 }
 
+/* The timestamp of ms since the Unix epoch (clock_epoch_ms's inverse). */
+TimestampTz
+clock_timestamp_of_ms(int64 ms)
+{
+	return (ms - (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * 1000) * 1000;
+}
+
 /* Now in ms since the epoch: the test clock when set, else this server's clock. */
 int64
 clock_now_ms(void)

@@ -11,6 +11,7 @@
 
 extern void clock_init(void);
 extern int64 clock_epoch_ms(TimestampTz timestamp);
+extern TimestampTz clock_timestamp_of_ms(int64 ms);
 extern int64 clock_now_ms(void);
 extern const char *clock_test_ms(void);
 extern char *clock_unique_id(void);

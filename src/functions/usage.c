@@ -25,7 +25,7 @@ usage_known(const Decision *decision)
 	DecisionSource source = decision->source == DECISION_SOURCE_SHADOW ?
 		decision->origin : decision->source;
 
-	return source == DECISION_SOURCE_REDIS || source == DECISION_SOURCE_DENY_CACHE;
+	return source == DECISION_SOURCE_REDIS;
 }
 
 /*
@@ -47,10 +47,7 @@ usage_row(const DecisionRequest *request, const Decision *decision, Datum subjec
 		int64		limit = request->policy.region_mode == REGION_MODE_SPLIT ?
 			placement_share(&request->policy) : decision->capacity;
 		int64		used = Max(limit - decision->remaining, 0);
-		int64		reset_ms = now_ms + decision->reset_after_ms;
-		TimestampTz reset = (TimestampTz) (reset_ms -
-										   (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) *
-										   SECS_PER_DAY * 1000) * 1000;
+		TimestampTz reset = clock_timestamp_of_ms(now_ms + decision->reset_after_ms);
 
 		args_row_set(row, "used", INT8OID, Int64GetDatum(used));
 		args_row_set(row, "limit", INT8OID, Int64GetDatum(limit));
@@ -61,19 +58,19 @@ usage_row(const DecisionRequest *request, const Decision *decision, Datum subjec
 }
 
 /*
- * rl_usage(policy, subjects), rl_usage(policy, subject): a row per subject,
- * in input order: the subject (the array form), used, limit (a fixed window's with what it carried over), the
- * fraction used, when it is full again, and who answered. Every subject is
- * checked (the contract's errors) before anything is sent.
+ * The rows of subjects[0 .. count) of policy (argument 0 of fcinfo): a row
+ * per subject, in input order: the subject (the array form), used, limit (a
+ * fixed window's with what it carried over), the fraction used, when it is
+ * full again, and who answered. Every subject is checked (the contract's
+ * errors) before anything is sent.
  */
-RL_SQL_FUNCTION(rl_usage)
+static Datum
+usage_rows(FunctionCallInfo fcinfo, Datum *subjects, int count)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	Datum	   *subjects;
 	DecisionRequest *requests;
 	Decision   *decisions;
 	char	   *policy;
-	int			count;
 	int64		now_ms;
 
 	if (PG_ARGISNULL(0))
@@ -83,20 +80,6 @@ RL_SQL_FUNCTION(rl_usage)
 				 errmsg("policy must not be null"),
 				 errhint("Pass a policy name from rl_policy.")));
 	policy = TextDatumGetCString(PG_GETARG_DATUM(0));
-	/* rl_usage(policy, subject) is the same function with one subject. */
-	if (get_fn_expr_argtype(fcinfo->flinfo, 1) == TEXTOID)
-	{
-		if (PG_ARGISNULL(1))
-			ereport(ERROR,
-					(errhidestmt(true),
-					 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-					 errmsg("subject must not be null"),
-					 errhint("Pass the subject whose usage to read.")));
-		subjects = &fcinfo->args[1].value;
-		count = 1;
-	}
-	else
-		count = args_array(fcinfo, 1, TEXTOID, "subjects", &subjects);
 	if (count > BATCH_MAX_DECISIONS)
 		ereport(ERROR,
 				(errhidestmt(true),
@@ -132,4 +115,25 @@ RL_SQL_FUNCTION(rl_usage)
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, row.values, row.nulls);
 	}
 	return (Datum) 0;
+}
+
+/* rl_usage(policy, subjects): the usage of many subjects of one policy. */
+RL_SQL_FUNCTION(rl_usage)
+{
+	Datum	   *subjects;
+	int			count = args_array(fcinfo, 1, TEXTOID, "subjects", &subjects);
+
+	return usage_rows(fcinfo, subjects, count);
+}
+
+/* rl_usage(policy, subject): the usage of one subject. */
+RL_SQL_FUNCTION(rl_usage_one)
+{
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errhidestmt(true),
+				 errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("subject must not be null"),
+				 errhint("Pass the subject whose usage to read.")));
+	return usage_rows(fcinfo, &fcinfo->args[1].value, 1);
 }

@@ -196,6 +196,27 @@ foreach my $case (
 	$fake->stop;
 }
 
+# (3y) A reply no Redis sends to a window with rollover (0.12.0): a limit past twice the
+# capacity (what it carries is at most the capacity), or below it. The fail mode decides,
+# never a grant and never that limit told to a client.
+{
+	$node->safe_psql('postgres', q{
+		INSERT INTO rl_policy (name, algorithm, capacity, refill_period, rollover)
+		VALUES ('h.roll', 'fixed_window', 10, '1 hour', 5);
+	});
+	foreach my $case ([ 'a limit of 1000 for a capacity of 10', "*5\r\n:1\r\n:0\r\n:0\r\n:0\r\n:1000\r\n" ],
+		[ 'a limit below the capacity', "*5\r\n:1\r\n:0\r\n:0\r\n:0\r\n:3\r\n" ])
+	{
+		my ($name, $bytes) = @$case;
+		my $fake = fake_redis_start(reply => sub { $_[0] eq 'EVALSHA' ? $bytes : "-ERR unexpected\r\n" });
+		set_url($h, $fake->url);
+		is($h->query(q{SELECT allowed, source, capacity FROM rl_consume('h.roll', 'ry')}), 'f|fail_closed|10',
+			"(3y) $name: the fail mode decides, with the policy's capacity");
+		$fake->stop;
+	}
+	$node->safe_psql('postgres', q{DELETE FROM rl_policy WHERE name = 'h.roll'});
+}
+
 # (3x) Replies no Redis sends to the scripts of 0.11.0's regions: a split policy's share
 # that says "short" with a mark of 7, or a negative count leased; a home region's lease of
 # more tokens than its rest holds. Each is a protocol failure decided by the fail mode,

@@ -57,6 +57,8 @@ like($e6, qr/0A000.*splits its budget/s, 'settling a split policy up: 0A000');
 		"region_base of the whole capacity: b and c grant half each, a the rest (none): $cap in all");
 	is($b->safe_psql('postgres', q{SELECT remaining FROM rl_peek('rg.split', 'fresh_peek')}), int($cap / 6),
 		'a split policy\'s peek reads the region\'s share of the window');
+	is($b->safe_psql('postgres', q{SELECT used || '/' || "limit" FROM rl_usage('rg.split', 'fresh_peek')}),
+		'0/' . int($cap / 6), 'and rl_usage tells the region\'s share as its limit');
 }
 
 # Where each mode keeps its state: home in a's Redis only, split in both, independent in b's.
