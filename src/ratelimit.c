@@ -28,6 +28,7 @@
 #include "redis/breaker.h"
 #include "redis/connection.h"
 #include "redis/deadline.h"
+#include "redis/handoff.h"
 #include "redis/regions.h"
 #include "redis/tls.h"
 #include "redis/url.h"
@@ -79,6 +80,7 @@ ratelimit_shmem_request(void)
 		previous_shmem_request_hook();
 	size = add_size(size, deadline_shmem_size());
 	size = add_size(size, breaker_shmem_size());
+	size = add_size(size, handoff_shmem_size());
 	size = add_size(size, local_keys_shmem_size());
 	for (int i = 0; i < (int) lengthof(tables); i++)
 		size = add_size(size, table_shmem_size(tables[i]));
@@ -88,6 +90,7 @@ ratelimit_shmem_request(void)
 	for (int i = 0; i < (int) lengthof(tables); i++)
 		table_shmem_request(tables[i]);
 	observe_shmem_request();
+	handoff_shmem_request();
 }
 
 /* Creates or attaches to the shared memory of every layer. */
@@ -99,6 +102,7 @@ ratelimit_shmem_startup(void)
 	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
 	deadline_shmem_init();
 	breaker_shmem_init();
+	handoff_shmem_init();
 	local_keys_shmem_init();
 	for (int i = 0; i < (int) lengthof(tables); i++)
 		table_shmem_init(tables[i]);
@@ -112,24 +116,21 @@ _PG_init(void)
 {
 	bool		preloaded = process_shared_preload_libraries_in_progress;
 
-	/* base: first the secrets, whose rules the check of ratelimit.redis_url asks. */
+	/* Layer by layer; first the secrets, whose rules the check of ratelimit.redis_url asks. */
 	secret_init(preloaded);
 	clock_init();
 	log_privacy_init();
-	/* redis */
 	redis_url_init();
 	regions_init();
 	tls_init();
 	deadline_init();
 	connection_init();
 	breaker_init();
-	/* local, policy */
 	local_keys_init(preloaded);
 	for (int i = 0; i < (int) lengthof(tables); i++)
 		table_init(tables[i], preloaded);
 	subject_init();
 	policy_cache_init();
-	/* engine, observe, functions */
 	ledger_init();
 	observe_init(preloaded);
 	enforce_init();

@@ -1,11 +1,9 @@
 /*
  * connection.c
- *	  One Redis connection per node and backend, opened lazily, used without
- *	  ever blocking.
- *
- * The nodes are cluster.c's: node 0 is the URL's (for a Sentinel URL, the
- * master its sentinels name), the others the nodes of a Redis Cluster, each
- * reached with the URL's TLS, user and password.
+ *	  One Redis connection: opened, checked before use, run, closed, never
+ *	  blocking. A backend keeps one per node (node_connections.c); with
+ *	  ratelimit.redis_connections = shared, a worker keeps the server's one
+ *	  (worker.c).
  *
  * Opening one is: for a Sentinel URL, finding the master (sentinel.c); then
  * connecting (stream.c: the socket, with TLS for rediss://), and AUTH, SELECT
@@ -24,7 +22,6 @@
  */
 #include "prelude.h"
 
-#include "access/xact.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
 
@@ -34,108 +31,62 @@
 #include "redis/connection.h"
 #include "redis/deadline.h"
 #include "redis/exchange.h"
+#include "redis/handoff.h"
 #include "redis/sentinel.h"
 #include "redis/stream.h"
 #include "redis/tls.h"
 #include "redis/url.h"
 
-/* The scripts one connection has sent; more room than there are scripts. */
-#define SENT_SCRIPTS_MAX 64
 
-typedef struct RedisConnection
-{
-	RedisStream stream;
-	char	   *url;			/* the ratelimit.redis_url it was opened with */
-	uint32		epoch;			/* cluster_epoch() when it was opened */
-	bool		busy;			/* a request is under way (or was cut off) */
-	char		node[300];		/* the node it is connected to, for rl_health ("" none) */
-	uint32		tls_generation; /* tls_settings_generation() when it was opened */
-	/* A connection found through Sentinel: the master's address, when to ask again. */
-	bool		sentinel;
-	char		master_host[256];
-	int			master_port;
-	int64		next_check_us;
-	/* Scripts sent on it: Redis has them cached, unless it restarted or flushed them. */
-	const LuaScript *sent_scripts[SENT_SCRIPTS_MAX];
-	int			sent_script_count;
-} RedisConnection;
 
-/* Per target (url.h), allocated as nodes are first used. */
-static RedisConnection *target_connections[REDIS_MAX_TARGETS][REDIS_MAX_NODES];
-
-/* The connections of the target in use. */
-#define connections (target_connections[redis_url_target()])
 
 /* How often a connection found through Sentinel checks that its node is still the master. */
 static int	sentinel_check_interval_ms = 1000;
 
-/* The connection of a node, allocated (closed) the first time. */
-static RedisConnection *
-connection_of(int node)
+/* A new connection, closed (a worker's, or a backend's for a node). */
+RedisConnection *
+connection_create(void)
 {
-	Assert(node >= 0 && node < REDIS_MAX_NODES);
-	if (connections[node] == NULL)
-	{
-		RedisStream closed = REDIS_STREAM_CLOSED;
+	RedisStream closed = REDIS_STREAM_CLOSED;
+	RedisConnection *connection = MemoryContextAllocZero(TopMemoryContext,
+														 sizeof(RedisConnection));
 
-		connections[node] = MemoryContextAllocZero(TopMemoryContext, sizeof(RedisConnection));
-		connections[node]->stream = closed;
-	}
-	return connections[node];
+	connection->stream = closed;
+	connection->shared_channel = -1;
+	return connection;
 }
 
 /* Closes a connection and frees everything it holds. */
-static void
-redis_disconnect(RedisConnection *connection)
+void
+connection_close(RedisConnection *connection)
 {
 	stream_close(&connection->stream);
 	if (connection->url != NULL)
 		pfree(connection->url);
 	connection->url = NULL;
 	connection->busy = false;
+	connection->untrusted = false;
 	connection->sent_script_count = 0;
 	exchange_reset();
 }
 
 /*
- * Runs an exchange on the connection. On failure the connection, whose state
- * is now unknown, is closed, and the resolved address goes too: after a
- * failover the name may point elsewhere.
+ * Runs an exchange on the connection, open and busy. On failure the
+ * connection, whose state is now unknown, is closed.
  */
 bool
-connection_exchange(int node, int nreplies, int64 deadline, int64 idle_us, ExchangeReplyHandler handler,
-					void *arg, RedisFailure *failure)
+connection_run(RedisConnection *connection, int nreplies, int64 deadline, int64 idle_us,
+			   ExchangeReplyHandler handler, void *arg, RedisFailure *failure)
 {
-	RedisConnection *connection = connection_of(node);
-
-	Assert(stream_is_open(&connection->stream) && connection->busy);
+	Assert(stream_is_open(&connection->stream));
 	if (exchange_run(&connection->stream, nreplies, deadline, idle_us, handler, arg, failure))
+	{
+		connection->untrusted |= exchange_left_over();
+		connection->last_used_us = clock_monotonic_us();
 		return true;
-	redis_disconnect(connection);
-	socket_forget_address();
+	}
+	connection_close(connection);
 	return false;
-}
-
-/*
- * Sends one command to node on its connection (opened first if need be) and
- * hands its reply to handler, all within deadline: a question on the side of
- * the calls (the slot map, a PING). False when no reply came.
- */
-bool
-connection_ask(int node, int argc, const char *const *argv, int64 deadline,
-			   ExchangeReplyHandler handler, void *arg)
-{
-	RedisFailure failure = {0};
-	bool		opened;
-
-	if (!connection_open(node, deadline, &opened, &failure))
-		return false;
-	connection_begin(node);
-	resp_append_command(connection_output(), argc, argv);
-	if (!connection_exchange(node, 1, deadline, 0, handler, arg, &failure))
-		return false;
-	connection_done(node);
-	return true;
 }
 
 /* What the handshake found: the first error reply, and whether ROLE said master. */
@@ -178,8 +129,8 @@ handshake_reply(int index, const RespValue *reply, void *arg)
 
 /* Sends AUTH, SELECT and ROLE, as the URL asks, in one round trip. */
 static bool
-redis_handshake(int node, const RedisUrl *url, const char *password, int64 deadline,
-				RedisFailure *failure)
+redis_handshake(RedisConnection *connection, const RedisUrl *url, const char *password,
+				int64 deadline, RedisFailure *failure)
 {
 	StringInfo	out = exchange_output();
 	HandshakeResult result = {.role_reply = -1};
@@ -215,15 +166,17 @@ redis_handshake(int node, const RedisUrl *url, const char *password, int64 deadl
 	}
 	if (commands == 0)
 		return true;
-	if (!connection_exchange(node, commands, deadline, 0, handshake_reply, &result, failure))
+	if (!exchange_run(&connection->stream, commands, deadline, 0, handshake_reply, &result,
+					  failure))
 	{
+		connection_close(connection);
 		failure->maybe_ran = false;
 		return false;
 	}
 	if (result.refused)
 	{
 		*failure = result.failure;
-		redis_disconnect(connection_of(node));
+		connection_close(connection);
 		return false;
 	}
 	return true;
@@ -242,41 +195,40 @@ note_node(RedisConnection *connection, const RedisEndpoint *endpoint, const Redi
 }
 
 /*
- * Opens the connection to node: for node 0, the one ratelimit.redis_url
- * names (the master of a Sentinel URL found first), for others the cluster
- * node; then AUTH, SELECT (and ROLE), each step within connect_timeout (and
- * deadline, when not 0).
+ * Opens connection with url (a target's: 0 this server's, whose password may
+ * come from ratelimit.redis_password_file) to host and port, or when host is
+ * NULL to the URL's own node (a Sentinel URL's master, found first); then
+ * AUTH, SELECT (and ROLE), each step within connect_timeout (and deadline,
+ * when not 0). Backends open theirs so; a shared connection's worker too.
  */
-static bool
-redis_connect(int node, int64 deadline, RedisFailure *failure)
+bool
+connection_connect(RedisConnection *connection, const char *url_text, int target,
+				   const char *host, int port, int64 deadline, RedisFailure *failure)
 {
-	RedisConnection *connection = connection_of(node);
-	const char *current = redis_url_current();
 	RedisUrl	url;
 	RedisEndpoint endpoint = {0};
 	const char *problem;
 	const char *password;
 	int64		connect_deadline;
 
-	if (current[0] == '\0')
+	if (url_text[0] == '\0')
 		return redis_fail(failure, REDIS_FAILURE_CONFIG, secret_url_problem() ? secret_url_problem() :
 						  "ratelimit.redis_url is not set");
-	if (!redis_url_parse(current, &url, &problem))
+	if (!redis_url_parse(url_text, &url, &problem))
 		return redis_fail(failure, REDIS_FAILURE_CONFIG, "ratelimit.redis_url is invalid");
 	/*
 	 * The URL's password, else the one in ratelimit.redis_password_file: this
 	 * server's Redis's, never sent to a region's (whose URL says its own).
 	 */
 	password = url.password;
-	if (password == NULL && redis_url_target() == 0 && !secret_redis_password(&password, &problem))
+	if (password == NULL && target == 0 && !secret_redis_password(&password, &problem))
 		return redis_fail(failure, REDIS_FAILURE_CONFIG, problem);
 
-	exchange_reset();
+	connection_close(connection);
 	/* Busy from here: a cancel while connecting leaves it to be closed at abort. */
 	connection->busy = true;
 	connection->node[0] = '\0';
 	connection->sentinel = url.nsentinels > 0;
-	connection->sent_script_count = 0;
 	if (connection->sentinel)
 	{
 		RedisHostPort master;
@@ -292,17 +244,10 @@ redis_connect(int node, int64 deadline, RedisFailure *failure)
 		connection->master_port = master.port;
 		connection->next_check_us = clock_monotonic_us() + (int64) sentinel_check_interval_ms * 1000;
 	}
-	else if (url.nseeds > 0)
+	else if (host != NULL)
 	{
-		const char *host;
-
-		/* A cluster node, or one of the URL's. */
-		if (!cluster_node_address(node, &host, &url.port))
-		{
-			connection->busy = false;
-			return redis_fail(failure, REDIS_FAILURE_CONFIG, "the cluster node has no address");
-		}
 		url.host = (char *) host;
+		url.port = port;
 	}
 	endpoint.path = url.path;
 	endpoint.host = url.host;
@@ -313,13 +258,13 @@ redis_connect(int node, int64 deadline, RedisFailure *failure)
 		connection->busy = false;
 		return false;
 	}
-	if (!redis_handshake(node, &url, password, connect_deadline, failure))
+	if (!redis_handshake(connection, &url, password, connect_deadline, failure))
 		return false;
 
 	note_node(connection, &endpoint, &url);
 	connection->tls_generation = tls_settings_generation();
 	connection->epoch = cluster_epoch();
-	connection->url = MemoryContextStrdup(TopMemoryContext, current);
+	connection->url = MemoryContextStrdup(TopMemoryContext, url_text);
 	connection->busy = false;
 	return true;
 }
@@ -330,17 +275,17 @@ redis_connect(int node, int64 deadline, RedisFailure *failure)
  * closed it meanwhile. Closes it otherwise.
  */
 static bool
-redis_connection_usable(RedisConnection *connection)
+usable_for(RedisConnection *connection, const char *url, int64 check_idle_us)
 {
 	if (!stream_is_open(&connection->stream))
 		return false;
-	if (!connection->busy && connection->url != NULL &&
-		connection->epoch == cluster_epoch() &&
-		strcmp(connection->url, redis_url_current()) == 0 &&
+	if (!connection->busy && !connection->untrusted && connection->url != NULL &&
+		strcmp(connection->url, url) == 0 &&
 		connection->tls_generation == tls_settings_generation() &&
-		stream_idle_and_open(&connection->stream))
+		(clock_monotonic_us() - connection->last_used_us < check_idle_us ||
+		 stream_idle_and_open(&connection->stream)))
 		return true;
-	redis_disconnect(connection);
+	connection_close(connection);
 	return false;
 }
 
@@ -352,7 +297,7 @@ redis_connection_usable(RedisConnection *connection)
  * no sentinel answers (within command_timeout), the node stays in use.
  */
 static bool
-master_moved(RedisConnection *connection, int64 deadline)
+master_moved(RedisConnection *connection, const char *url_text, int64 deadline)
 {
 	int64		now = clock_monotonic_us();
 	RedisUrl	url;
@@ -364,7 +309,7 @@ master_moved(RedisConnection *connection, int64 deadline)
 	if (!connection->sentinel || now < connection->next_check_us)
 		return false;
 	connection->next_check_us = now + (int64) sentinel_check_interval_ms * 1000;
-	if (!redis_url_parse(redis_url_current(), &url, &problem) || url.nsentinels == 0)
+	if (!redis_url_parse(url_text, &url, &problem) || url.nsentinels == 0)
 		return false;
 	check_deadline = now + (int64) deadline_command_timeout_ms * 1000;
 	if (deadline != 0)
@@ -375,30 +320,7 @@ master_moved(RedisConnection *connection, int64 deadline)
 		master.port != connection->master_port;
 }
 
-/*
- * A request cut off by an error (a cancel, a statement timeout) leaves the
- * connection busy: it is closed when the transaction aborts, rather than kept
- * open to a server that may still be sending.
- */
-static void
-redis_xact_callback(XactEvent event, void *arg)
-{
-	if (event != XACT_EVENT_ABORT && event != XACT_EVENT_PARALLEL_ABORT)
-		return;
-	for (int target = 0; target < REDIS_MAX_TARGETS; target++)
-		for (int node = 0; node < REDIS_MAX_NODES; node++)
-		{
-			RedisConnection *connection = target_connections[target][node];
-
-			if (connection != NULL && stream_is_open(&connection->stream) && connection->busy)
-				redis_disconnect(connection);
-		}
-}
-
-/*
- * Defines ratelimit.sentinel_check_interval and registers the transaction
- * callback; called once per process from _PG_init.
- */
+/* Defines ratelimit.sentinel_check_interval and ratelimit.redis_connections (handoff.c). */
 void
 connection_init(void)
 {
@@ -407,115 +329,27 @@ connection_init(void)
 							"After a failover the old master takes writes until it is demoted; they would be lost.",
 							&sentinel_check_interval_ms, 1000, 10, 3600 * 1000,
 							PGC_SUSET, GUC_UNIT_MS, NULL, NULL, NULL);
-	RegisterXactCallback(redis_xact_callback, NULL);
+	handoff_init();
 }
 
 /*
- * Makes node's connection ready for a request: the open one when it is
- * usable, else a new one (connect_timeout, and deadline when not 0, bound
- * opening it); *opened says which. False, saying why in failure, when it
- * cannot be opened.
+ * A worker's connection (worker.c): true when it can carry the next request
+ * for url (a Sentinel URL's node still the master); else it is closed.
  */
 bool
-connection_open(int node, int64 deadline, bool *opened, RedisFailure *failure)
+connection_ready(RedisConnection *connection, const char *url, int64 check_idle_us,
+				 int64 deadline)
 {
-	RedisConnection *connection = connection_of(node);
-
-	*opened = false;
-	if (redis_connection_usable(connection))
-	{
-		if (!master_moved(connection, deadline))
-			return true;
-		redis_disconnect(connection);
-	}
-	if (!redis_connect(node, deadline, failure))
-	{
-		socket_forget_address();
-		return false;
-	}
-	*opened = true;
-	return true;
-}
-
-/*
- * Closes the idle connections opened before the nodes started again (another
- * URL): their indexes may never be used again, and would keep their sockets.
- */
-void
-connection_close_stale(void)
-{
-	static uint32 checked_epochs[REDIS_MAX_TARGETS];
-	uint32		checked_epoch = cluster_epoch();
-
-	if (checked_epochs[redis_url_target()] == checked_epoch)
-		return;
-	checked_epochs[redis_url_target()] = checked_epoch;
-	for (int node = 0; node < REDIS_MAX_NODES; node++)
-		if (connections[node] != NULL && stream_is_open(&connections[node]->stream) &&
-			!connections[node]->busy && connections[node]->epoch != checked_epoch)
-			redis_disconnect(connections[node]);
-}
-
-/* Where the commands of the next exchange are written (resp_append_command). */
-StringInfo
-connection_output(void)
-{
-	return exchange_output();
-}
-
-/*
- * A request starts on node: until connection_done, a connection cut off is
- * not to be reused.
- */
-void
-connection_begin(int node)
-{
-	connection_of(node)->busy = true;
-}
-
-/* The request is complete: node's connection may carry another. */
-void
-connection_done(int node)
-{
-	connection_of(node)->busy = false;
-}
-
-/* Closes node's idle connection now: the node cannot serve, the next call connects anew. */
-void
-connection_discard(int node)
-{
-	RedisConnection *connection = connection_of(node);
-
-	if (stream_is_open(&connection->stream) && !connection->busy)
-	{
-		redis_disconnect(connection);
-		socket_forget_address();
-	}
-}
-
-/*
- * True when node's connection has sent script already (Redis most likely has
- * it cached); else notes that it is being sent now, when there is room.
- */
-bool
-connection_script_sent(int node, const LuaScript *script)
-{
-	RedisConnection *connection = connection_of(node);
-
-	for (int i = 0; i < connection->sent_script_count; i++)
-		if (connection->sent_scripts[i] == script)
-			return true;
-	if (connection->sent_script_count < SENT_SCRIPTS_MAX)
-		connection->sent_scripts[connection->sent_script_count++] = script;
+	if (usable_for(connection, url, check_idle_us) && !master_moved(connection, url, deadline))
+		return true;
+	connection_close(connection);
 	return false;
 }
 
-/* The node a connection is to (for rl_health), or "" when none is open. */
+
+/* The node an open connection is to, as rl_health shows it. */
 const char *
-connection_node(int node)
+connection_address(const RedisConnection *connection)
 {
-	if (node < 0 || node >= REDIS_MAX_NODES || connections[node] == NULL ||
-		!stream_is_open(&connections[node]->stream))
-		return "";
-	return connections[node]->node;
+	return connection->node;
 }

@@ -9,6 +9,41 @@
 #include "base/script.h"
 #include "redis/exchange.h"
 
+#include "redis/stream.h"
+
+/* The scripts one connection has sent; more room than there are scripts. */
+#define SENT_SCRIPTS_MAX 64
+
+typedef struct RedisConnection
+{
+	RedisStream stream;
+	char	   *url;			/* the ratelimit.redis_url it was opened with */
+	uint32		epoch;			/* cluster_epoch() when it was opened */
+	bool		busy;			/* a request is under way (or was cut off) */
+	bool		untrusted;		/* Redis sent bytes no request asked for */
+	int64		last_used_us;	/* when its last request ended */
+	char		node[300];		/* the node it is connected to, for rl_health ("" none) */
+	uint32		tls_generation; /* tls_settings_generation() when it was opened */
+	/* A connection found through Sentinel: the master's address, when to ask again. */
+	bool		sentinel;
+	char		master_host[256];
+	int			master_port;
+	int64		next_check_us;
+	/* Scripts sent on it: Redis has them cached, unless it restarted or flushed them. */
+	const LuaScript *sent_scripts[SENT_SCRIPTS_MAX];
+	int			sent_script_count;
+	/* ratelimit.redis_connections = shared: the node as the worker is told it (handoff.h). */
+	char	   *shared_url;		/* the URL it was found with; NULL: not yet */
+	uint32		shared_epoch;	/* cluster_epoch() then */
+	const char *shared_host;	/* NULL: the URL's own node */
+	char		shared_host_buffer[256];
+	int			shared_port;
+	int			shared_channel; /* the channel that last carried its exchange; -1 none */
+	uint64		shared_generation;	/* of the connection that answered it */
+} RedisConnection;
+
+
+/* A backend's connections, by node */
 extern void connection_init(void);
 extern bool connection_open(int node, int64 deadline, bool *opened, RedisFailure *failure);
 extern StringInfo connection_output(void);
@@ -22,5 +57,26 @@ extern void connection_discard(int node);
 extern void connection_close_stale(void);
 extern bool connection_script_sent(int node, const LuaScript *script);
 extern const char *connection_node(int node);
+
+/* One connection, as a shared connection's worker keeps it */
+extern RedisConnection *connection_create(void);
+extern bool connection_connect(RedisConnection *connection, const char *url, int target,
+							   const char *host, int port, int64 deadline, RedisFailure *failure);
+/*
+ * A backend's connection idle this long is checked (one recv with MSG_PEEK)
+ * before a request: long enough for Redis's own idle timeout (whole seconds)
+ * to have closed it. One used more recently is not: the check would cost
+ * every decision a system call, and a close it could still catch (a restart,
+ * a CLIENT KILL) races with the write anyway.
+ */
+#define CONNECTION_IDLE_CHECK_US (1000 * 1000)
+
+extern bool connection_ready(RedisConnection *connection, const char *url, int64 check_idle_us,
+							 int64 deadline);
+extern bool connection_run(RedisConnection *connection, int nreplies, int64 deadline,
+						   int64 idle_us, ExchangeReplyHandler handler, void *arg,
+						   RedisFailure *failure);
+extern void connection_close(RedisConnection *connection);
+extern const char *connection_address(const RedisConnection *connection);
 
 #endif							/* RL_CONNECTION_H */

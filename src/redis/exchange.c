@@ -30,6 +30,9 @@ static StringInfoData input;	/* bytes received; from input_start on, not yet rea
 static int	input_start = 0;
 static MemoryContext exchange_context = NULL;
 static int64 bytes_received = 0;	/* ever, for exchange_run to see that Redis answers */
+static bool left_over = false;	/* the last exchange read bytes past its replies */
+static const char *reply_start = NULL;	/* the reply being handled, as Redis sent it */
+static size_t reply_length = 0;
 
 /* Empties the buffers, and gives back the memory of any that a large pipeline grew. */
 void
@@ -149,6 +152,8 @@ exchange_run(RedisStream *stream, int nreplies, int64 deadline, int64 idle_us,
 					break;
 				case RESP_COMPLETE:
 					resp_read(start, &reply);
+					reply_start = start;
+					reply_length = length;
 					handler(received++, &reply, arg);
 					input_start += length;
 					resp_scanner_start(&scanner);
@@ -164,6 +169,7 @@ exchange_run(RedisStream *stream, int nreplies, int64 deadline, int64 idle_us,
 		}
 		if (received == nreplies)
 		{
+			left_over = input_start < input.len;
 			exchange_reset();
 			return true;
 		}
@@ -196,6 +202,24 @@ exchange_run(RedisStream *stream, int nreplies, int64 deadline, int64 idle_us,
 				progress_us = clock_monotonic_us();
 		}
 	}
+}
+
+/* The bytes of the reply being handed to a handler, as Redis sent them (worker.c's). */
+void
+exchange_reply_bytes(const char **start, size_t *length)
+{
+	*start = reply_start;
+	*length = reply_length;
+}
+
+/*
+ * True when the last complete exchange read bytes after its replies: Redis
+ * sent what no request asked for, and the connection cannot be trusted.
+ */
+bool
+exchange_left_over(void)
+{
+	return left_over;
 }
 
 /* Where the commands of the next exchange are written (resp_append_command). */

@@ -18,5 +18,7 @@ extern StringInfo exchange_output(void);
 extern bool exchange_run(RedisStream *stream, int nreplies, int64 deadline, int64 idle_us,
 						 ExchangeReplyHandler handler, void *arg, RedisFailure *failure);
 extern void exchange_reset(void);
+extern bool exchange_left_over(void);
+extern void exchange_reply_bytes(const char **start, size_t *length);
 
 #endif							/* RL_EXCHANGE_H */

@@ -111,8 +111,8 @@ socket_forget_address(void)
  * CHECK_FOR_INTERRUPTS, but a cancel or statement timeout raised here is logged
  * without the statement, which may hold a subject.
  */
-static void
-check_for_interrupts(void)
+void
+socket_check_interrupts(void)
 {
 	MemoryContext context = CurrentMemoryContext;
 
@@ -140,8 +140,8 @@ check_for_interrupts(void)
  * The wait event pg_stat_activity shows while a backend waits for Redis: our
  * own name where PostgreSQL 17 lets extensions name one, "Extension" before.
  */
-static uint32
-wait_event_of_redis(void)
+uint32
+socket_wait_event(void)
 {
 #if PG_VERSION_NUM >= 170000
 	static uint32 event = 0;
@@ -189,12 +189,12 @@ socket_wait(RedisSocket *rs, uint32 events, int64 deadline)
 			return 0;
 		remaining_ms = (long) ((deadline - now + 999) / 1000);
 		if (WaitEventSetWait(rs->wait_set, remaining_ms, &event, 1,
-							 wait_event_of_redis()) == 0)
+							 socket_wait_event()) == 0)
 			continue;			/* timed out: the check above decides */
 		if (event.events & WL_LATCH_SET)
 		{
 			ResetLatch(MyLatch);
-			check_for_interrupts();
+			socket_check_interrupts();
 			continue;
 		}
 		if (event.events & events)

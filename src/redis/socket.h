@@ -33,6 +33,8 @@ extern bool socket_open(RedisSocket *rs, const RedisEndpoint *endpoint, int time
 extern bool socket_is_open(const RedisSocket *rs);
 extern bool socket_idle_and_open(RedisSocket *rs);
 extern bool socket_wait_abandoned(void);
+extern void socket_check_interrupts(void);
+extern uint32 socket_wait_event(void);
 extern uint32 socket_wait(RedisSocket *rs, uint32 events, int64 deadline);
 extern ssize_t socket_send(RedisSocket *rs, const char *data, size_t length);
 extern ssize_t socket_receive(RedisSocket *rs, char *buffer, size_t length);

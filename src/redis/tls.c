@@ -29,6 +29,7 @@
 
 #include "storage/latch.h"
 #include "utils/guc.h"
+#include "utils/memutils.h"
 
 #include "base/secret.h"
 #include "redis/socket.h"
@@ -82,6 +83,58 @@ uint32
 tls_settings_generation(void)
 {
 	return settings_changes;
+}
+
+/* The TLS settings, by name, in the order tls_settings_text gives them. */
+static const char *const setting_names[] = {
+	"ratelimit.tls_ca_file", "ratelimit.tls_cert_file", "ratelimit.tls_key_file",
+	"ratelimit.tls_server_name", "ratelimit.tls_verify"
+};
+
+/*
+ * The TLS settings in force, as one text: a shared connection is the
+ * backend's URL with the backend's TLS settings (tls_settings_use).
+ */
+const char *
+tls_settings_text(void)
+{
+	static char *text = NULL;
+	static uint32 made_for = PG_UINT32_MAX;
+
+	if (text == NULL || made_for != settings_changes)
+	{
+		StringInfoData out;
+
+		initStringInfo(&out);
+		for (int i = 0; i < (int) lengthof(setting_names); i++)
+			appendStringInfo(&out, "%s\n", GetConfigOption(setting_names[i], false, false));
+		if (text != NULL)
+			pfree(text);
+		text = MemoryContextStrdup(TopMemoryContext, out.data);
+		pfree(out.data);
+		made_for = settings_changes;
+	}
+	return text;
+}
+
+/* A shared connection's worker takes a backend's TLS settings (tls_settings_text's). */
+void
+tls_settings_use(const char *text)
+{
+	char	   *copy = pstrdup(text);
+	char	   *line = copy;
+
+	for (int i = 0; i < (int) lengthof(setting_names) && line != NULL; i++)
+	{
+		char	   *end = strchr(line, '\n');
+
+		if (end != NULL)
+			*end = '\0';
+		/* Above the configuration file: a reload leaves the backend's in force. */
+		SetConfigOption(setting_names[i], line, PGC_SUSET, PGC_S_OVERRIDE);
+		line = end != NULL ? end + 1 : NULL;
+	}
+	pfree(copy);
 }
 
 /* Defines the TLS settings; called once per process from _PG_init. */

@@ -17,6 +17,8 @@ typedef struct TlsSession
 
 extern void tls_init(void);
 extern uint32 tls_settings_generation(void);
+extern const char *tls_settings_text(void);
+extern void tls_settings_use(const char *text);
 extern bool tls_open(TlsSession *tls, RedisSocket *rs, const char *host, int64 deadline,
 					 RedisFailure *failure);
 extern ssize_t tls_send(TlsSession *tls, const char *data, size_t length);

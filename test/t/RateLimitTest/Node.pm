@@ -87,6 +87,11 @@ sub rl_node
 	$node->append_conf(
 		'postgresql.conf', join("\n",
 			($preload ? "shared_preload_libraries = 'ratelimit'" : ()),
+			# dev/run-tests tap-shared: every test again through the shared connections.
+			# A worker per Redis node and URL: the tests use many.
+			($preload && $ENV{RL_REDIS_CONNECTIONS}
+				? ("ratelimit.redis_connections = '$ENV{RL_REDIS_CONNECTIONS}'",
+					'max_worker_processes = 48') : ()),
 			"max_connections = " . ($opt{max_connections} // 20),
 			"ratelimit.redis_url = '$url'",
 			# Statements would put subjects in the log; the tests check that
