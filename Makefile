@@ -37,7 +37,7 @@ endif
 # constant in src/scripts.h, with lua/lib.lua and its algorithm's common.lua before it.
 LUA_PARTS = $(wildcard $(srcdir)/lua/*.lua $(srcdir)/lua/*/*.lua)
 LUA_SCRIPTS = $(sort $(filter-out $(srcdir)/lua/lib.lua $(srcdir)/lua/cells.lua $(srcdir)/lua/once.lua %/common.lua,$(LUA_PARTS)))
-src/scripts.h: $(LUA_PARTS) $(srcdir)/dev/embed-lua $(srcdir)/dev/lua-script
+src/scripts.h: $(LUA_PARTS) $(srcdir)/dev/embed-lua $(srcdir)/dev/lua-script $(srcdir)/dev/lua-prune
 	$(srcdir)/dev/embed-lua $(LUA_SCRIPTS) > $@.tmp && mv $@.tmp $@
 
 $(OBJS) $(OBJS:.o=.bc): src/scripts.h

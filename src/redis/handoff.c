@@ -132,7 +132,8 @@ start_worker(int channel)
 	BackgroundWorker worker = {0};
 	BackgroundWorkerHandle *handle;
 
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS;
+	/* A database connection to none: seen in pg_stat_activity, as the replication launcher. */
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
 	worker.bgw_start_time = BgWorkerStart_ConsistentState;
 	/* A worker that stopped (an error, a SIGTERM) is started again a second later. */
 	worker.bgw_restart_time = 1;

@@ -234,9 +234,10 @@ static void
 channel_exit(int channel)
 {
 	LWLockAcquire(handoff_shared->lock, LW_EXCLUSIVE);
-	fail_sent(channel, "the shared connection's worker stopped");
+	/* Unless it gave the channel back (idle), when another worker may have it now. */
 	if (handoff_shared->channels[channel].worker_latch == MyLatch)
 	{
+		fail_sent(channel, "the shared connection's worker stopped");
 		handoff_shared->channels[channel].worker_latch = NULL;
 		handoff_shared->channels[channel].connected = false;
 	}
@@ -318,6 +319,14 @@ round_run(Round *round)
 		nreplies += round->requests[i].nreplies;
 		memset(&round->answers[i], 0, sizeof(HandoffAnswer));
 	}
+	/*
+	 * Never shorter than the server's command_timeout: a backend that set a
+	 * shorter one stops waiting at its own deadline, but does not get the
+	 * server's connection closed (and every other backend's round lost) for it.
+	 */
+	command_us = Max(command_us, (int64) deadline_server_command_timeout_ms() * 1000);
+	if (idle_us > 0)
+		idle_us = Max(idle_us, (int64) deadline_server_command_timeout_ms() * 1000);
 	resetStringInfo(&round->replies);
 	round->current = 0;
 	round->received = 0;
@@ -357,6 +366,8 @@ ratelimit_connection_worker(Datum main_arg)
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
+	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
+	pgstat_report_appname("ratelimit");
 	if (!channel_start(round.channel, &round.url, &round.tls, &round.target, &round.host,
 					   &round.port))
 		proc_exit(0);			/* the channel was given back: nothing to restart */

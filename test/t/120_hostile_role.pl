@@ -112,8 +112,18 @@ $node->safe_psql('postgres', q{
 }
 
 # connect_timeout: AUTH is part of connecting, and it is a round trip away.
+# With shared connections the server's worker connects, with the server's connect_timeout:
+# the role's own bounds nothing, and its decision is Redis's.
 $node->safe_psql('postgres', q{ALTER ROLE app SET ratelimit.connect_timeout = '1ms'});
-breaker_still_closed('ALTER ROLE SET connect_timeout', session_decision('app', 'h.closed'));
+if (($ENV{RL_REDIS_CONNECTIONS} // 'backend') eq 'shared')
+{
+	is(session_decision('app', 'h.closed')->{source}, 'redis',
+		'ALTER ROLE SET connect_timeout, shared connections: the server\'s connection, decided by Redis');
+}
+else
+{
+	breaker_still_closed('ALTER ROLE SET connect_timeout', session_decision('app', 'h.closed'));
+}
 $node->safe_psql('postgres', q{ALTER ROLE app RESET ratelimit.connect_timeout});
 
 # The server's own timeout does trip it: postgresql.conf at 1 ms, for everyone.
@@ -218,7 +228,19 @@ my ($file_out, $file_err) = $plain->query("SELECT pg_read_file('$password_file')
 is(sqlstate_of($file_err), '42501', 'a role cannot read the password file through the server');
 $plain->quit;
 chmod 0644, $password_file;
-# A new session opens a new connection, which reads the file again.
+# A new session opens a new connection, which reads the file again; with shared
+# connections, the worker's next one does (started again here).
+if (($ENV{RL_REDIS_CONNECTIONS} // 'backend') eq 'shared')
+{
+	my $workers = "SELECT string_agg(pid::text, ',') FROM pg_stat_activity WHERE backend_type = 'ratelimit connection'";
+	my $before = $node->safe_psql('postgres', $workers);
+	$node->safe_psql('postgres',
+		"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'ratelimit connection'");
+	my $n = scalar split /,/, $before;
+	ok($node->poll_query_until('postgres',
+		"SELECT count(*) FILTER (WHERE pid NOT IN ($before)) = $n FROM pg_stat_activity WHERE backend_type = 'ratelimit connection'"),
+		'shared connections: the workers start again');
+}
 my $loose = session($node);
 is($loose->consume('h.closed', 'tenant_loose')->{source}, 'fail_closed',
 	'a password file that others may read is refused: the fail mode');

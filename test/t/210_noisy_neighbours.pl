@@ -15,7 +15,9 @@
 # checks), waits (a crowd waiting and cancelled; a crowd waiting for a lease; bookings bounded
 # per subject), regions (a region whose Redis is silent: its breaker apart from this
 # server's; the shares and leases of split policies are in t/220), rl_top's summaries (a
-# flood of one-shot subjects, on another policy and on the victim's own).
+# flood of one-shot subjects, on another policy and on the victim's own), and the shared
+# connection (ratelimit.redis_connections = shared: every row runs through it when the
+# suite runs with RL_REDIS_CONNECTIONS=shared; one row floods it with small batches).
 
 use strict;
 use warnings;
@@ -409,6 +411,17 @@ my $storm_batch = 'SELECT count(*) FROM rl_consume_many(\'nn.att\', ' . subjects
 	ok(defined $count ? $count - $error <= $tokens && $tokens <= $count : $tokens <= $total / $size,
 		'rl_top: a flood on the victim\'s own policy hides its subject only below the stated bound');
 }
+
+###
+### The shared connection (0.13.0; run with RL_REDIS_CONNECTIONS=shared, as dev/run-tests
+### tap-shared and CI do, where every row above goes through it too): 600 batches of 50
+### calls, each small enough to be handed to the server's one connection to Redis, so that
+### the victims' calls ride in the same pipelines; the control makes as many calls in 30
+### batches of 1,000, each too large to hand off (the backend's own connection).
+###
+row('600 batches through the shared connection',
+	q{SELECT sum(c) FROM generate_series(1, 30) b, LATERAL (SELECT count(*) c FROM rl_consume_many('nn.ctl', ARRAY(SELECT 'pc' || b || '_' || g FROM generate_series(1, 1000) g))) x;},
+	q{SELECT sum(c) FROM generate_series(1, 600) b, LATERAL (SELECT count(*) c FROM rl_consume_many('nn.att', ARRAY(SELECT 'pa' || b || '_' || g FROM generate_series(1, 50) g))) x;});
 
 is($node->safe_psql('postgres', 'SELECT pg_postmaster_start_time() = pg_postmaster_start_time()'), 't',
 	'the server is up');
