@@ -186,6 +186,7 @@ channel_of(const HandoffNode *node)
 		ch->target = node->target;
 		ch->port = node->port;
 		ch->worker_latch = NULL;
+		ch->in_round = false;
 		ch->connected = false;
 		ch->nqueued = 0;
 		ch->node[0] = '\0';
@@ -406,7 +407,11 @@ handoff_exchange(const HandoffNode *node, StringInfo request, int nreplies, int6
 	slot->idle_us = idle_us;
 	slot->request_length = request->len;
 	handoff_queue_of(*channel)[ch->nqueued++] = MyProc->pgprocno;
-	worker_latch = ch->worker_latch;
+	/*
+	 * A worker in a round takes the queue when the round ends: waking it (a signal,
+	 * a system call on each side) would only have it go back to waiting for Redis.
+	 */
+	worker_latch = ch->in_round ? NULL : ch->worker_latch;
 	/* A connection still to be opened has connect_timeout, as a backend's own has. */
 	if (!ch->connected)
 		wait_deadline += (int64) deadline_connect_timeout_ms * 1000;

@@ -56,6 +56,7 @@ typedef struct HandoffChannel
 	char		host[HANDOFF_HOST_MAX]; /* "": the URL's own node */
 	int			port;
 	Latch	   *worker_latch;	/* NULL: no worker running now */
+	bool		in_round;		/* the worker runs a round: it takes the queue after it, unwoken */
 	bool		connected;
 	uint64		generation;		/* bumped at each connection the worker opens */
 	uint64		discard;		/* the connection of this generation is to be closed */

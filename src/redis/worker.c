@@ -100,6 +100,7 @@ channel_start(int channel, char **url, char **tls, int *target, char **host, int
 		*host = ch->host[0] != '\0' ? pstrdup(ch->host) : NULL;
 		*port = ch->port;
 		ch->worker_latch = MyLatch;
+		ch->in_round = false;
 		ch->connected = false;
 	}
 	LWLockRelease(handoff_shared->lock);
@@ -137,6 +138,8 @@ channel_take(int channel, HandoffRequest *requests, int max, StringInfo output, 
 	}
 	memmove(queue, queue + n, (ch->nqueued - n) * sizeof(int));
 	ch->nqueued -= n;
+	/* Until the next take: a backend that queues meanwhile need not wake it. */
+	ch->in_round = n > 0;
 	LWLockRelease(handoff_shared->lock);
 	return n;
 }
@@ -404,9 +407,9 @@ ratelimit_connection_worker(Datum main_arg)
 			round_run(&round);
 			continue;
 		}
-		if (channel_idle_exit(round.channel))
+		if ((WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, 10 * 1000,
+					   socket_wait_event()) & WL_TIMEOUT) &&
+			channel_idle_exit(round.channel))
 			proc_exit(0);
-		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, 10 * 1000,
-						 socket_wait_event());
 	}
 }
