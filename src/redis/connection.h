@@ -39,6 +39,7 @@ typedef struct RedisConnection
 	char		shared_host_buffer[256];
 	int			shared_port;
 	int			shared_channel; /* the channel that last carried its exchange; -1 none */
+	bool		shared_too_large;	/* its last reply did not fit: the next exchange goes on its own */
 	uint64		shared_generation;	/* of the connection that answered it */
 } RedisConnection;
 

@@ -106,6 +106,8 @@ handoff_shmem_init(void)
 	if (!found)
 	{
 		memset(handoff_shared, 0, sizeof(HandoffShared));
+		if (!pg_strong_random(&handoff_shared->boot, sizeof(handoff_shared->boot)))
+			elog(FATAL, "ratelimit: could not generate a random number for its shared memory");
 		handoff_shared->lock = &GetNamedLWLockTranche("ratelimit connections")->lock;
 		handoff_shared->nslots = MaxBackends;
 		for (int i = 0; i < HANDOFF_CHANNELS; i++)
@@ -131,6 +133,7 @@ start_worker(int channel)
 {
 	BackgroundWorker worker = {0};
 	BackgroundWorkerHandle *handle;
+	HandoffWorkerExtra extra = {handoff_shared->boot, handoff_shared->channels[channel].incarnation};
 
 	/* A database connection to none: seen in pg_stat_activity, as the replication launcher. */
 	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
@@ -143,6 +146,9 @@ start_worker(int channel)
 	strlcpy(worker.bgw_type, "ratelimit connection", BGW_MAXLEN);
 	worker.bgw_main_arg = Int32GetDatum(channel);
 	worker.bgw_notify_pid = 0;
+	/* Started again after a crash, with shared memory anew, it finds no channel of its own. */
+	StaticAssertStmt(sizeof(extra) <= BGW_EXTRALEN, "bgw_extra too small");
+	memcpy(worker.bgw_extra, &extra, sizeof(extra));
 	return RegisterDynamicBackgroundWorker(&worker, &handle);
 }
 
@@ -152,15 +158,17 @@ start_worker(int channel)
  * room, or no worker. Called with the lock held exclusively.
  */
 static int
-channel_of(const HandoffNode *node)
+channel_of(const HandoffNode *node, const char **why)
 {
 	int			free_channel = -1;
-	static bool warned = false;
 	const char *host = node->host != NULL ? node->host : "";
 
 	if (strlen(node->url) >= HANDOFF_URL_MAX || strlen(host) >= HANDOFF_HOST_MAX ||
 		strlen(node->tls) >= HANDOFF_TLS_MAX)
+	{
+		*why = "the URL, host or TLS settings are too long to share";
 		return -1;
+	}
 	for (int i = 0; i < HANDOFF_CHANNELS; i++)
 	{
 		HandoffChannel *ch = &handoff_shared->channels[i];
@@ -191,19 +199,31 @@ channel_of(const HandoffNode *node)
 		ch->nqueued = 0;
 		ch->node[0] = '\0';
 		ch->last_request_us = clock_monotonic_us();
+		ch->incarnation++;
 		if (start_worker(free_channel))
 		{
 			ch->used = true;
 			return free_channel;
 		}
+		*why = "no background worker could be started (max_worker_processes)";
 	}
-	/* Its backends use their own connections meanwhile: slower, never wrong. */
-	if (!warned)
-		ereport(LOG,
-				(errmsg("ratelimit: no shared connection to a Redis node, this backend uses its own"),
-				 errhint("Raise max_worker_processes: each Redis node in use needs a background worker.")));
-	warned = true;
+	else
+		*why = "every channel is in use";
 	return -1;
+}
+
+/* Says once per backend why it uses its own connection: slower, never wrong. */
+static void
+log_no_channel(const char *why)
+{
+	static bool logged = false;
+
+	if (logged)
+		return;
+	logged = true;
+	ereport(LOG,
+			(errmsg("ratelimit: no shared connection to a Redis node, this backend uses its own: %s", why),
+			 errhint("Raise max_worker_processes: each Redis node in use needs a background worker.")));
 }
 
 /* Takes slot off its channel's queue. Called with the lock held exclusively. */
@@ -269,6 +289,8 @@ slot_exit(int code, Datum arg)
 {
 	HandoffSlot *slot = &handoff_slots[MyProc->pgprocno];
 
+	/* An error while it was held (this runs before the locks are let go otherwise). */
+	LWLockReleaseAll();
 	LWLockAcquire(handoff_shared->lock, LW_EXCLUSIVE);
 	if (slot->state == SLOT_QUEUED)
 		dequeue(slot, MyProc->pgprocno);
@@ -288,9 +310,12 @@ wait_for_answer(HandoffSlot *slot, int64 deadline, int64 idle_us, RedisFailure *
 	{
 		int64		now;
 
-		pg_read_barrier();
 		if (slot->state == SLOT_DONE)
+		{
+			/* What the worker wrote before DONE is read after it. */
+			pg_read_barrier();
 			return true;
+		}
 		now = clock_monotonic_us();
 		if (now >= deadline || socket_wait_abandoned())
 		{
@@ -335,12 +360,8 @@ read_answer(HandoffSlot *slot, ExchangeReplyHandler handler, void *arg, RedisFai
 	const char *data = slot->reply;
 	size_t		left = slot->reply_length;
 
-	if (slot->failure.kind != REDIS_FAILURE_NONE)
-	{
-		*failure = slot->failure;
-		return false;
-	}
-	for (int i = 0; i < slot->nreplies; i++)
+	/* The replies that came whole, even when the rest did not: their calls have answers. */
+	for (int i = 0; i < slot->replies; i++)
 	{
 		RespScanner scanner;
 		RespValue	reply;
@@ -356,6 +377,11 @@ read_answer(HandoffSlot *slot, ExchangeReplyHandler handler, void *arg, RedisFai
 		handler(i, &reply, arg);
 		data += length;
 		left -= length;
+	}
+	if (slot->failure.kind != REDIS_FAILURE_NONE)
+	{
+		*failure = slot->failure;
+		return false;
 	}
 	return true;
 }
@@ -380,22 +406,32 @@ handoff_exchange(const HandoffNode *node, StringInfo request, int nreplies, int6
 	int64		now = clock_monotonic_us();
 	int64		wait_deadline = deadline;
 	bool		answered;
+	const char *why = NULL;
 
 	memset(failure, 0, sizeof(*failure));
 	if (request->len > HANDOFF_REQUEST_MAX)
-		return HANDOFF_NONE;
+		return HANDOFF_TOO_LARGE;
 	if (!exit_registered)
 		before_shmem_exit(slot_exit, (Datum) 0);
 	exit_registered = true;
-	/* Not QUEUED nor SENT: the worker reads no command of this slot now. */
+	/*
+	 * Never QUEUED nor SENT here (a wait that ends takes its request back):
+	 * the worker reads no command of this slot now. Should an exit cut that
+	 * short, the request is taken back under the lock below.
+	 */
 	memcpy(slot->request, request->data, request->len);
 	LWLockAcquire(handoff_shared->lock, LW_EXCLUSIVE);
-	*channel = channel_of(node);
+	*channel = channel_of(node, &why);
 	if (*channel < 0)
 	{
 		LWLockRelease(handoff_shared->lock);
+		log_no_channel(why);
 		return HANDOFF_NONE;
 	}
+	if (slot->state == SLOT_QUEUED)
+		dequeue(slot, MyProc->pgprocno);
+	else if (slot->state == SLOT_SENT)
+		slot->state = SLOT_ABANDONED;
 	ch = &handoff_shared->channels[*channel];
 	ch->last_request_us = now;
 	slot->ticket++;
@@ -406,6 +442,8 @@ handoff_exchange(const HandoffNode *node, StringInfo request, int nreplies, int6
 	slot->command_us = Max(deadline - now, 1);
 	slot->idle_us = idle_us;
 	slot->request_length = request->len;
+	slot->replies = 0;			/* until the worker hands some back */
+	slot->reply_length = 0;
 	handoff_queue_of(*channel)[ch->nqueued++] = MyProc->pgprocno;
 	/*
 	 * A worker in a round takes the queue when the round ends: waking it (a signal,

@@ -30,9 +30,12 @@ typedef struct HandoffRequest
 /* What the worker hands back for one request. */
 typedef struct HandoffAnswer
 {
-	const char *replies;		/* nreplies whole replies, as Redis sent them */
+	const char *replies;		/* whole replies, as Redis sent them */
 	int			length;
-	RedisFailure failure;		/* kind NONE: replies holds every reply */
+	int			count;			/* of them */
+	int			fitting;		/* of them within HANDOFF_REPLY_MAX bytes */
+	int			fitting_length;
+	RedisFailure failure;		/* kind NONE: every reply came */
 } HandoffAnswer;
 
 /* A node as a backend names it: its target's URL, and its address (host NULL: the URL's own). */
@@ -49,7 +52,8 @@ typedef enum HandoffOutcome
 {
 	HANDOFF_DONE,				/* every reply handed to the handler */
 	HANDOFF_FAILED,				/* not: failure says why */
-	HANDOFF_NONE				/* not handed off: the backend's own connection takes it */
+	HANDOFF_NONE,				/* no shared connection: the backend's own takes it */
+	HANDOFF_TOO_LARGE			/* more than HANDOFF_REQUEST_MAX: the backend's own, just for it */
 } HandoffOutcome;
 
 /* Backend side */

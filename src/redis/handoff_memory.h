@@ -41,8 +41,9 @@ typedef struct HandoffSlot
 	int64		idle_us;
 	int			request_length;
 	int			reply_length;
+	int			replies;		/* whole replies in reply: nreplies, fewer with a failure */
 	uint64		generation;		/* of the connection that answered */
-	RedisFailure failure;
+	RedisFailure failure;		/* kind NONE: every reply came */
 	char		request[HANDOFF_REQUEST_MAX];
 	char		reply[HANDOFF_REPLY_MAX];
 } HandoffSlot;
@@ -50,6 +51,7 @@ typedef struct HandoffSlot
 typedef struct HandoffChannel
 {
 	bool		used;
+	uint32		incarnation;	/* bumped each time it is taken: its worker's (bgw_extra) */
 	char		url[HANDOFF_URL_MAX];
 	char		tls[HANDOFF_TLS_MAX];	/* the TLS settings its backends use */
 	int			target;
@@ -69,6 +71,7 @@ typedef struct HandoffChannel
 typedef struct HandoffShared
 {
 	LWLock	   *lock;
+	uint64		boot;			/* drawn at each start of the shared memory: a worker of an earlier one ends */
 	int			nslots;
 	HandoffChannel channels[HANDOFF_CHANNELS];
 } HandoffShared;
@@ -76,6 +79,13 @@ typedef struct HandoffShared
 extern HandoffShared *handoff_shared;
 extern HandoffSlot *handoff_slots;
 extern int *handoff_queues;		/* nslots per channel: its queued slots, oldest first */
+
+/* What a worker is started with (bgw_extra): the channel as it was when it was started. */
+typedef struct HandoffWorkerExtra
+{
+	uint64		boot;
+	uint32		incarnation;
+} HandoffWorkerExtra;
 
 #define handoff_queue_of(channel) (&handoff_queues[(channel) * handoff_shared->nslots])
 

@@ -11,7 +11,9 @@
  *
  * A shared connection takes exchanges of up to HANDOFF_REQUEST_MAX bytes of
  * commands; a larger one (a batch of hundreds of calls, which is one write
- * anyway) goes on a connection of the backend's own, closed after it.
+ * anyway), or one that asks again after a reply too large to hand back, goes
+ * on a connection of the backend's own, closed after it. A node no worker can
+ * be started for is reached on the backend's own, kept.
  */
 #include "prelude.h"
 
@@ -180,6 +182,16 @@ shared_exchange(int node, int nreplies, int64 deadline, int64 idle_us,
 	HandoffOutcome outcome;
 	uint64		generation = connection->shared_generation;
 
+	/*
+	 * A reply too large to hand back (a Cluster's slot map of many ranges): the
+	 * calls that came with it had their answers; the exchange that asks again
+	 * goes on the backend's own connection.
+	 */
+	if (connection->shared_too_large)
+	{
+		connection->shared_too_large = false;
+		return HANDOFF_TOO_LARGE;
+	}
 	if (connection->shared_url == NULL || connection->shared_epoch != cluster_epoch() ||
 		strcmp(connection->shared_url, current) != 0)
 	{
@@ -206,9 +218,11 @@ shared_exchange(int node, int nreplies, int64 deadline, int64 idle_us,
 	where.port = connection->shared_port;
 	outcome = handoff_exchange(&where, exchange_output(), nreplies, deadline, idle_us, handler,
 							   arg, &connection->shared_channel, &generation, failure);
-	if (outcome == HANDOFF_NONE)
+	if (outcome == HANDOFF_NONE || outcome == HANDOFF_TOO_LARGE)
 		return outcome;			/* the commands stay, for the backend's own connection */
 	exchange_reset();
+	connection->shared_too_large = outcome == HANDOFF_FAILED &&
+		failure->kind == REDIS_FAILURE_PROTOCOL && strcmp(failure->detail, "reply too large to share") == 0;
 	/* Another connection of the worker: the scripts it has are not known. */
 	if (outcome == HANDOFF_DONE && generation != connection->shared_generation)
 	{
@@ -224,7 +238,7 @@ shared_exchange(int node, int nreplies, int64 deadline, int64 idle_us,
  * connection could not take.
  */
 static bool
-own_connection(int node, int64 deadline, RedisFailure *failure)
+own_connection(int node, int64 deadline, bool *opened, RedisFailure *failure)
 {
 	RedisConnection *connection = connection_of(node);
 	StringInfoData commands;
@@ -232,7 +246,8 @@ own_connection(int node, int64 deadline, RedisFailure *failure)
 
 	initStringInfo(&commands);
 	appendBinaryStringInfo(&commands, exchange_output()->data, exchange_output()->len);
-	ok = redis_connection_usable(connection, deadline) || redis_connect(node, deadline, failure);
+	*opened = !redis_connection_usable(connection, deadline);
+	ok = !*opened || redis_connect(node, deadline, failure);
 	resetStringInfo(exchange_output());
 	appendBinaryStringInfo(exchange_output(), commands.data, commands.len);
 	pfree(commands.data);
@@ -256,6 +271,8 @@ connection_exchange(int node, int nreplies, int64 deadline, int64 idle_us, Excha
 					void *arg, RedisFailure *failure)
 {
 	RedisConnection *connection = connection_of(node);
+	bool		once = false;	/* beside the shared connections, its own for this exchange alone */
+	bool		opened = false;
 	bool		ok;
 
 	if (handoff_enabled())
@@ -266,18 +283,23 @@ connection_exchange(int node, int nreplies, int64 deadline, int64 idle_us, Excha
 				return true;
 			case HANDOFF_FAILED:
 				return false;
-			case HANDOFF_NONE:
+			case HANDOFF_TOO_LARGE:
+				once = true;
 				break;
+			case HANDOFF_NONE:
+				break;			/* none to hand it to: its own, kept for the next */
 		}
-		if (!own_connection(node, deadline, failure))
+		if (!own_connection(node, deadline, &opened, failure))
 			return false;
 	}
 	Assert(stream_is_open(&connection->stream) && connection->busy);
 	ok = connection_run(connection, nreplies, deadline, idle_us, handler, arg, failure);
 	if (!ok)
+	{
+		failure->new_connection |= opened;
 		socket_forget_address();
-	/* Beside the shared connections, a backend's own is used once. */
-	else if (handoff_enabled())
+	}
+	else if (once)
 		connection_close(connection);
 	return ok;
 }

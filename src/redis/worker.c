@@ -39,6 +39,9 @@
 
 PGDLLEXPORT void ratelimit_connection_worker(Datum main_arg);
 
+/* The most bytes of commands in one round: 64 hand-offs of the largest size. */
+#define ROUND_BYTES_MAX (64 * HANDOFF_REQUEST_MAX)
+
 /* The worker's node and what its round holds. */
 typedef struct Round
 {
@@ -70,6 +73,8 @@ fail_sent(int channel, const char *why)
 		if (slot->channel != channel || slot->state != SLOT_SENT)
 			continue;
 		memset(&slot->failure, 0, sizeof(slot->failure));
+		slot->replies = 0;		/* none: what the slot holds is an earlier request's */
+		slot->reply_length = 0;
 		slot->failure.maybe_ran = true;
 		redis_fail(&slot->failure, REDIS_FAILURE_IO, why);
 		pg_write_barrier();
@@ -83,30 +88,39 @@ fail_sent(int channel, const char *why)
  * the channel is not in use (given back; the worker ends for good then).
  */
 static bool
-channel_start(int channel, char **url, char **tls, int *target, char **host, int *port)
+channel_start(int channel, const HandoffWorkerExtra *extra, char **url, char **tls,
+			  int *target, char **host, int *port)
 {
 	HandoffChannel *ch = &handoff_shared->channels[channel];
-	bool		used;
+	/* Copied under the lock, allocated after it: an error never leaves it held. */
+	char	   *url_copy = palloc(HANDOFF_URL_MAX);
+	char	   *tls_copy = palloc(HANDOFF_TLS_MAX);
+	char	   *host_copy = palloc(HANDOFF_HOST_MAX);
+	bool		mine;
 
 	LWLockAcquire(handoff_shared->lock, LW_EXCLUSIVE);
-	used = ch->used;
-	if (used)
+	/* The channel it was started for: not one taken since, nor one of shared memory before a crash. */
+	mine = ch->used && ch->incarnation == extra->incarnation && handoff_shared->boot == extra->boot;
+	if (mine)
 	{
 		/* Sent by a worker before this one, which died: they may have run. */
 		fail_sent(channel, "the shared connection's worker restarted");
-		*url = pstrdup(ch->url);
-		*tls = pstrdup(ch->tls);
+		memcpy(url_copy, ch->url, HANDOFF_URL_MAX);
+		memcpy(tls_copy, ch->tls, HANDOFF_TLS_MAX);
+		memcpy(host_copy, ch->host, HANDOFF_HOST_MAX);
 		*target = ch->target;
-		*host = ch->host[0] != '\0' ? pstrdup(ch->host) : NULL;
 		*port = ch->port;
 		ch->worker_latch = MyLatch;
 		ch->in_round = false;
 		ch->connected = false;
 	}
 	LWLockRelease(handoff_shared->lock);
+	*url = url_copy;
+	*tls = tls_copy;
+	*host = host_copy[0] != '\0' ? host_copy : NULL;
 	/* Requests queued while it was starting. */
 	SetLatch(MyLatch);
-	return used;
+	return mine;
 }
 
 /*
@@ -123,7 +137,9 @@ channel_take(int channel, HandoffRequest *requests, int max, StringInfo output, 
 
 	LWLockAcquire(handoff_shared->lock, LW_EXCLUSIVE);
 	*discard = ch->connected && ch->discard == ch->generation;
-	while (n < ch->nqueued && n < max)
+	/* As many as the buffer, made at start, holds: nothing is allocated under the lock. */
+	while (n < ch->nqueued && n < max &&
+		   output->len + handoff_slots[queue[n]].request_length < output->maxlen)
 	{
 		HandoffSlot *slot = &handoff_slots[queue[n]];
 
@@ -163,18 +179,14 @@ channel_answer(int channel, const HandoffRequest *requests, int nrequests,
 		if (slot->ticket != requests[i].ticket || slot->state != SLOT_SENT)
 			continue;			/* abandoned: the reply is dropped */
 		slot->failure = answers[i].failure;
-		if (answers[i].failure.kind == REDIS_FAILURE_NONE)
+		/* The whole replies that fit; the calls of the rest may have run. */
+		slot->replies = answers[i].fitting;
+		slot->reply_length = answers[i].fitting_length;
+		memcpy(slot->reply, answers[i].replies, answers[i].fitting_length);
+		if (answers[i].fitting < answers[i].count && slot->failure.kind == REDIS_FAILURE_NONE)
 		{
-			if (answers[i].length > HANDOFF_REPLY_MAX)
-			{
-				slot->failure.maybe_ran = true;
-				redis_fail(&slot->failure, REDIS_FAILURE_PROTOCOL, "reply too large");
-			}
-			else
-			{
-				memcpy(slot->reply, answers[i].replies, answers[i].length);
-				slot->reply_length = answers[i].length;
-			}
+			slot->failure.maybe_ran = true;
+			redis_fail(&slot->failure, REDIS_FAILURE_PROTOCOL, "reply too large to share");
 		}
 		slot->generation = ch->generation;
 		pg_write_barrier();
@@ -250,6 +262,8 @@ channel_exit(int channel)
 static void
 worker_exit(int code, Datum arg)
 {
+	/* An error while it was held (this runs before the locks are let go otherwise). */
+	LWLockReleaseAll();
 	channel_exit(DatumGetInt32(arg));
 }
 
@@ -258,6 +272,7 @@ static void
 take_reply(int index, const RespValue *reply, void *arg)
 {
 	Round	   *round = arg;
+	HandoffAnswer *answer;
 	const char *start;
 	size_t		length;
 
@@ -268,10 +283,18 @@ take_reply(int index, const RespValue *reply, void *arg)
 		round->received = 0;
 		round->answers[round->current].length = 0;
 	}
+	answer = &round->answers[round->current];
 	if (round->received == 0)
-		round->answers[round->current].replies = (const char *) (intptr_t) round->replies.len;
+		answer->replies = (const char *) (intptr_t) round->replies.len;
 	appendBinaryStringInfo(&round->replies, start, length);
-	round->answers[round->current].length += length;
+	answer->length += length;
+	answer->count++;
+	/* What a slot holds: the replies up to the first that would not fit. */
+	if (answer->fitting == answer->count - 1 && answer->length <= HANDOFF_REPLY_MAX)
+	{
+		answer->fitting++;
+		answer->fitting_length = answer->length;
+	}
 	round->received++;
 	channel_progress(round->channel);
 }
@@ -291,6 +314,8 @@ round_connect(Round *round, int64 deadline, bool *opened, RedisFailure *failure)
 	if (!connection_connect(round->connection, round->url, round->target, round->host,
 							round->port, deadline, failure))
 	{
+		/* After a failover the name may point elsewhere: resolved anew next time. */
+		socket_forget_address();
 		failure->new_connection = true;
 		return false;
 	}
@@ -344,18 +369,17 @@ round_run(Round *round)
 		if (!ok)
 		{
 			failure.new_connection = opened;
+			socket_forget_address();
 			channel_connected(round->channel, NULL);
 		}
 	}
+	/* Each request its replies; one whose replies did not all come, the failure too. */
 	for (int i = 0; i < round->nrequests; i++)
 	{
 		HandoffAnswer *answer = &round->answers[i];
-		bool		whole = ok || i < round->current ||
-			(i == round->current && round->received == round->requests[i].nreplies);
 
-		if (whole)
-			answer->replies = round->replies.data + (intptr_t) answer->replies;
-		else
+		answer->replies = round->replies.data + (intptr_t) answer->replies;
+		if (answer->count < round->requests[i].nreplies)
 			answer->failure = failure;
 	}
 	channel_answer(round->channel, round->requests, round->nrequests, round->answers);
@@ -368,19 +392,23 @@ ratelimit_connection_worker(Datum main_arg)
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
+	/* A cancel is for a query; the worker runs none (an ERROR here would end it). */
+	pqsignal(SIGINT, SIG_IGN);
 	BackgroundWorkerUnblockSignals();
 	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
 	pgstat_report_appname("ratelimit");
-	if (!channel_start(round.channel, &round.url, &round.tls, &round.target, &round.host,
-					   &round.port))
-		proc_exit(0);			/* the channel was given back: nothing to restart */
+	if (!channel_start(round.channel, (HandoffWorkerExtra *) MyBgworkerEntry->bgw_extra,
+					   &round.url, &round.tls, &round.target, &round.host, &round.port))
+		proc_exit(0);			/* not its channel (any more): nothing to restart */
 	tls_settings_use(round.tls);
 	before_shmem_exit(worker_exit, main_arg);
 	round.connection = connection_create();
 	round.max_requests = MaxBackends;
 	round.requests = palloc(round.max_requests * sizeof(HandoffRequest));
 	round.answers = palloc(round.max_requests * sizeof(HandoffAnswer));
+	/* A round's commands: at most this many bytes (the rest wait for the next round). */
 	initStringInfo(&round.commands);
+	enlargeStringInfo(&round.commands, ROUND_BYTES_MAX);
 	initStringInfo(&round.replies);
 	for (;;)
 	{
@@ -400,6 +428,7 @@ ratelimit_connection_worker(Datum main_arg)
 		if (discard)
 		{
 			connection_close(round.connection);
+			socket_forget_address();
 			channel_connected(round.channel, NULL);
 		}
 		if (round.nrequests > 0)

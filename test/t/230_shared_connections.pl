@@ -5,8 +5,9 @@
 # grants however many sessions race, the deadline, cancel while Redis is
 # silent (the late reply dropped, never handed to the next question), a worker
 # that stops (its waiting backends decided by their fail modes at once, the
-# worker started again), NOSCRIPT, a batch too large to hand off, and a node
-# no worker can be started for (the backend's own connection).
+# worker started again), NOSCRIPT, a batch too large to hand off, a reply too
+# large to hand back, and a node no worker can be started for (the backend's own
+# connection).
 
 use strict;
 use warnings;
@@ -148,6 +149,24 @@ is(scalar(server_clients()), 1, 'and the server holds one connection to Redis ag
 
 my $health = $s->query_ok('SELECT node FROM rl_health()');
 like($health, qr/^127\.0\.0\.1:\d+$/, "rl_health names the shared connection's node ($health)");
+
+# (6b) A reply too large to hand back (more than 32 kB, from a fake Redis): the fail mode,
+# saying why; the exchange that asks again goes on the backend's own connection.
+{
+	my $fake = fake_redis_start(reply => '$40000' . "\r\n" . ('x' x 40000) . "\r\n");
+	my $b = session($node);
+	$b->query_ok('SET ratelimit.redis_url = ' . quote_literal($fake->url));
+	my $big = $b->consume('slow', 'big');
+	is_deeply([ @$big{qw(source stderr)} ], [ 'fail_closed', '' ],
+		'a reply too large to hand back: the fail mode, no error');
+	is(health($b)->{last_error}, 'protocol: reply too large to share', 'rl_health says why');
+	usleep(($retry_ms + 50) * 1000);
+	is($b->consume('slow', 'big')->{source}, 'fail_closed', 'asked again on its own connection: the fail mode');
+	is(health($b)->{last_error}, 'protocol: unexpected reply',
+		'which read the whole reply (not a script\'s answer)');
+	$b->quit;
+	$fake->stop;
+}
 
 # (7) A node no worker can be started for: the backend's own connection, and a LOG line.
 my $other = redis_start(name => 'shared_other');
