@@ -66,6 +66,7 @@ my %by_name = (
 	'bigint[]:costs' => 'NULL::bigint[]',
 	'bigint:cost' => '1',
 	'bigint:allowance' => 'NULL::bigint',
+	'bigint:rollover' => 'NULL::bigint',
 	'interval:idle_ttl' => 'NULL::interval',
 	'interval:allowance_ttl' => 'NULL::interval',
 	'numeric:local_share' => '1',
@@ -106,7 +107,9 @@ sub calls_of
 		} 0 .. $#types;
 		# Leases need a concurrency policy.
 		s/'old\.tb'/'old.cc'/ for grep { $name =~ /^rl_(acquire|release)$/ } @args;
-		push @calls, [ $name, "SELECT * FROM $name(" . join(', ', @args) . ')' ];
+		# An overloaded name (rl_usage of one subject or many) by its argument types.
+		push @calls, [ (grep { $_->[2] eq $name } @calls) ? "$name($types)" : $name,
+			"SELECT * FROM $name(" . join(', ', @args) . ')', $name ];
 	}
 	push @calls, map { [ "view $_", "SELECT * FROM $_" ] } split /\n/, $node->safe_psql($db, q{
 		SELECT c.relname FROM pg_depend d JOIN pg_class c ON c.oid = d.objid
