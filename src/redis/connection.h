@@ -65,12 +65,14 @@ extern bool connection_connect(RedisConnection *connection, const char *url, int
 							   const char *host, int port, int64 deadline, RedisFailure *failure);
 /*
  * A backend's connection idle this long is checked (one recv with MSG_PEEK)
- * before a request: long enough for Redis's own idle timeout (whole seconds)
- * to have closed it. One used more recently is not: the check would cost
- * every decision a system call, and a close it could still catch (a restart,
- * a CLIENT KILL) races with the write anyway.
+ * before a request, so that one Redis closed meanwhile (a restart, CLIENT
+ * KILL, its idle timeout) is opened again before anything is sent. One that
+ * answered within the last millisecond is not: the answer proved it as well
+ * as a check would (a close in that millisecond races with the write as one
+ * after the check would), and a busy backend saves a system call per
+ * decision.
  */
-#define CONNECTION_IDLE_CHECK_US (1000 * 1000)
+#define CONNECTION_IDLE_CHECK_US 1000
 
 extern bool connection_ready(RedisConnection *connection, const char *url, int64 check_idle_us,
 							 int64 deadline);

@@ -7,6 +7,7 @@
 #include "prelude.h"
 
 #include "base/secret.h"
+#include "redis/handoff.h"
 #include "redis/socket.h"
 #include "redis/tls.h"
 
@@ -63,4 +64,42 @@ tls_settings_generation(void)
 void
 socket_forget_address(void)
 {
+}
+
+/* The TLS settings as a worker would be told them: none. */
+const char *
+tls_settings_text(void)
+{
+	return "";
+}
+
+/* ratelimit.redis_connections = backend here: nothing is handed off. */
+void
+handoff_init(void)
+{
+}
+
+bool
+handoff_enabled(void)
+{
+	return false;
+}
+
+HandoffOutcome
+handoff_exchange(const HandoffNode *node, StringInfo request, int nreplies, int64 deadline,
+				 int64 idle_us, ExchangeReplyHandler handler, void *arg, int *channel,
+				 uint64 *generation, RedisFailure *failure)
+{
+	return HANDOFF_NONE;
+}
+
+void
+handoff_discard(int channel, uint64 generation)
+{
+}
+
+void
+handoff_node(int channel, char *node, size_t size)
+{
+	strlcpy(node, "", size);
 }
