@@ -391,8 +391,10 @@ read_answer(HandoffSlot *slot, ExchangeReplyHandler handler, void *arg, RedisFai
  * (nreplies replies), answered before deadline, never idle_us without a byte
  * from Redis (0: no such bound), each reply handed to handler as
  * exchange_run does. *channel says which channel carried it, *generation
- * which of its connections. HANDOFF_NONE when it cannot go this way (too
- * large, no worker): the backend's own connection takes it.
+ * which of its connections. HANDOFF_TOO_LARGE (more than HANDOFF_REQUEST_MAX
+ * bytes) or HANDOFF_NONE (no channel, no worker) when it cannot go this way:
+ * the backend's own connection takes it. The replies that came whole are
+ * handed to handler even when the exchange fails after them.
  */
 HandoffOutcome
 handoff_exchange(const HandoffNode *node, StringInfo request, int nreplies, int64 deadline,
