@@ -127,6 +127,9 @@ handoff_enabled(void)
 	return handoff_shared != NULL && MyProc != NULL && MyProc->pgprocno < handoff_shared->nslots;
 }
 
+/* After a worker could not be started, how long until one is tried again. */
+#define HANDOFF_WORKER_RETRY_US ((int64) 1000 * 1000)
+
 /* Starts the worker of channel; false when none can be (max_worker_processes). */
 static bool
 start_worker(int channel)
@@ -184,7 +187,13 @@ channel_of(const HandoffNode *node, const char **why)
 			strcmp(ch->tls, node->tls) == 0)
 			return i;
 	}
-	if (free_channel >= 0)
+	/*
+	 * A worker could not be started a moment ago (max_worker_processes): not
+	 * tried again at every call of every backend, under the lock, until then.
+	 */
+	if (free_channel >= 0 && clock_monotonic_us() < handoff_shared->no_worker_until_us)
+		*why = "no background worker could be started (max_worker_processes)";
+	else if (free_channel >= 0)
 	{
 		HandoffChannel *ch = &handoff_shared->channels[free_channel];
 
@@ -206,6 +215,7 @@ channel_of(const HandoffNode *node, const char **why)
 			return free_channel;
 		}
 		*why = "no background worker could be started (max_worker_processes)";
+		handoff_shared->no_worker_until_us = clock_monotonic_us() + HANDOFF_WORKER_RETRY_US;
 	}
 	else
 		*why = "every channel is in use";

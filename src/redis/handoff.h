@@ -17,6 +17,9 @@
 /* The most bytes of replies one handed-off exchange may receive. */
 #define HANDOFF_REPLY_MAX 32768
 
+/* The failure's detail of a reply too large to hand back (the next exchange goes on the backend's own). */
+#define HANDOFF_REPLY_TOO_LARGE "reply too large to share"
+
 /* One exchange the worker takes from the queue: whose, and what it asks. */
 typedef struct HandoffRequest
 {

@@ -72,6 +72,7 @@ typedef struct HandoffShared
 {
 	LWLock	   *lock;
 	uint64		boot;			/* drawn at each start of the shared memory: a worker of an earlier one ends */
+	int64		no_worker_until_us; /* a worker could not be started: none tried again before */
 	int			nslots;
 	HandoffChannel channels[HANDOFF_CHANNELS];
 } HandoffShared;

@@ -222,7 +222,7 @@ shared_exchange(int node, int nreplies, int64 deadline, int64 idle_us,
 		return outcome;			/* the commands stay, for the backend's own connection */
 	exchange_reset();
 	connection->shared_too_large = outcome == HANDOFF_FAILED &&
-		failure->kind == REDIS_FAILURE_PROTOCOL && strcmp(failure->detail, "reply too large to share") == 0;
+		failure->kind == REDIS_FAILURE_PROTOCOL && strcmp(failure->detail, HANDOFF_REPLY_TOO_LARGE) == 0;
 	/* Another connection of the worker: the scripts it has are not known. */
 	if (outcome == HANDOFF_DONE && generation != connection->shared_generation)
 	{

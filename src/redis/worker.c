@@ -186,7 +186,7 @@ channel_answer(int channel, const HandoffRequest *requests, int nrequests,
 		if (answers[i].fitting < answers[i].count && slot->failure.kind == REDIS_FAILURE_NONE)
 		{
 			slot->failure.maybe_ran = true;
-			redis_fail(&slot->failure, REDIS_FAILURE_PROTOCOL, "reply too large to share");
+			redis_fail(&slot->failure, REDIS_FAILURE_PROTOCOL, HANDOFF_REPLY_TOO_LARGE);
 		}
 		slot->generation = ch->generation;
 		pg_write_barrier();
